@@ -1,0 +1,121 @@
+/* Fused CPU kernel for block quantization with an E2M1 payload.
+ *
+ * Mirrors ue5m3.quantize (the torch reference path) operation for operation in IEEE FP32: compiled without
+ * fast-math and with FP contraction off, so every product and sum is rounded exactly as the reference rounds
+ * it. tests/test_cpu_kernel.py checks bit equality against the reference over every scheme, rounding mode
+ * and the spec's tricky cases.
+ *
+ * Rounding onto a format with m fraction bits and minimum exponent emin: e = max(floor(log2 v), emin),
+ * quantum 2^(e - m), s = v / quantum (exact power-of-two scaling), lower = floor(s), delta = s - lower.
+ * Only formats whose quanta are normal FP32 powers of two are handled here (checked by the caller).
+ */
+#include <stdint.h>
+#include <string.h>
+
+enum { RNE = 0, RTZ = 1, SF = 2, SR_TE = 3, SR = 4 };
+enum { ORDER_TE = 0, ORDER_TE_LEGACY = 1, ORDER_TORCHAO = 2 };
+enum { RULE_TENSOR_SCALED = 0, RULE_MX_FLOOR = 1, RULE_MX_CEIL = 2 };
+
+static inline uint32_t bits_of(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
+static inline float float_of(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
+/* 2^k for k in [-127, 127]; 2^-127 is an FP32 subnormal (the UE8M0 minimum). */
+static inline float pow2(int k) { return k >= -126 ? float_of((uint32_t)(k + 127) << 23) : float_of(1u << 22); }
+
+/* Round a non-negative finite magnitude; r is the element's random integer (ignored by RNE/RTZ). */
+static inline float round_magnitude(float v, int mbits, int emin, float maxf, int mode, int64_t r) {
+    if (v > maxf) v = maxf;
+    int e = (int)((bits_of(v) >> 23) & 0xFF) - 127; /* FP32 subnormals and zero fall below emin */
+    if (e < emin) e = emin;
+    int q = e - mbits;
+    float s = v * pow2(-q);
+    float lower = (float)(int32_t)s; /* s >= 0: truncation is floor */
+    float delta = s - lower;
+    int up;
+    switch (mode) {
+    case RNE: up = delta > 0.5f || (delta == 0.5f && (((int32_t)lower) & 1)); break;
+    case RTZ: up = 0; break;
+    case SF: up = delta >= (float)(511 - 2 * r) / 512.0f; break;
+    case SR_TE: up = delta >= (float)(256 - r) / 256.0f; break;
+    default: up = (double)r < (double)delta * 9007199254740992.0; break; /* 2^53 */
+    }
+    float out = (lower + (float)up) * pow2(q);
+    return out > maxf ? maxf : out;
+}
+
+/* Quantize nblocks contiguous blocks of length L.
+ *
+ * x: input (nblocks * L); payload: E2M1 values out; dequant: payload * S out (may be NULL);
+ * block_amax, scale_values, decode_scales: per-block outputs; flags: per block, bit 0 = scale rounded to
+ * zero before repair, bit 1 = ideal scale saturated. random_bits may be NULL for RNE/RTZ.
+ */
+void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule, int order, float global_scale,
+                           float global_decode_scale, float per_tensor, float target_scale_max, int scale_mbits,
+                           int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *random_bits,
+                           float *payload, float *dequant, float *block_amax, float *scale_values,
+                           float *decode_scales, uint8_t *flags) {
+    const float element_max = 6.0f;
+    const float inv_f = 1.0f / 6.0f; /* the FP32 constant 1/F */
+    const float fp32_max = 3.4028234663852886e38f;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; ++b) {
+        const float *xb = x + b * L;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < L; ++i) {
+            float a = xb[i] < 0 ? -xb[i] : xb[i];
+            amax = a > amax ? a : amax;
+        }
+        float scale;
+        uint8_t flag = 0;
+        if (rule == RULE_TENSOR_SCALED) {
+            float ideal;
+            if (order == ORDER_TE) ideal = amax * (global_scale * inv_f);
+            else if (order == ORDER_TE_LEGACY) ideal = (amax / element_max) * global_scale;
+            else ideal = (amax / element_max) / per_tensor;
+            if (ideal > target_scale_max) flag |= 2;
+            scale = round_magnitude(ideal, scale_mbits, scale_emin, target_scale_max, RNE, 0);
+            if (scale == 0.0f) {
+                flag |= 1;
+                if (zero_repair) scale = 1.0f;
+            }
+        } else {
+            uint32_t ab = bits_of(amax);
+            int e = (int)((ab >> 23) & 0xFF) - 127;
+            if (rule == RULE_MX_CEIL && (ab & 0x7FFFFF)) e += 1;
+            e -= 2; /* E2M1 max exponent */
+            if (e > scale_emax) { flag |= 2; e = scale_emax; }
+            if (e < scale_emin) e = scale_emin;
+            scale = pow2(e);
+        }
+        float decode = scale * global_decode_scale;
+        float mult = 1.0f / decode;
+        if (mult > fp32_max) mult = fp32_max;
+        block_amax[b] = amax;
+        scale_values[b] = scale;
+        decode_scales[b] = decode;
+        flags[b] = flag;
+        float *pb = payload + b * L;
+        if (mode == RNE) {
+            /* E2M1 RNE as a sum of steps at the midpoints; ">" where the tie goes down to the even code,
+             * ">=" where it goes up. Equal to round_magnitude(.., RNE) for every input and vectorizable. */
+            for (int64_t i = 0; i < L; ++i) {
+                float v = xb[i] * mult;
+                float m = float_of(bits_of(v) & 0x7FFFFFFFu);
+                float r = 0.5f * (float)(m > 0.25f) + 0.5f * (float)(m >= 0.75f) + 0.5f * (float)(m > 1.25f) +
+                          0.5f * (float)(m >= 1.75f) + (float)(m > 2.5f) + (float)(m >= 3.5f) +
+                          2.0f * (float)(m > 5.0f);
+                pb[i] = float_of(bits_of(r) | (bits_of(v) & 0x80000000u)); /* copysign, -0.0 included */
+            }
+        } else {
+            for (int64_t i = 0; i < L; ++i) {
+                float v = xb[i] * mult;
+                if (v > element_max) v = element_max;
+                if (v < -element_max) v = -element_max;
+                float mag = round_magnitude(float_of(bits_of(v) & 0x7FFFFFFFu), 1, 0, element_max, mode,
+                                            random_bits ? random_bits[b * L + i] : 0);
+                pb[i] = float_of(bits_of(mag) | (bits_of(v) & 0x80000000u));
+            }
+        }
+        if (dequant)
+            for (int64_t i = 0; i < L; ++i) dequant[b * L + i] = pb[i] * decode;
+    }
+}

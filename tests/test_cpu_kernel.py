@@ -1,0 +1,88 @@
+"""The fused C kernel equals the torch reference bit for bit (payload, scales, diagnostics, signs of zero)."""
+
+import dataclasses
+import zlib
+
+import pytest
+import torch
+
+from ue5m3 import cpu_kernel, formats
+from ue5m3.formats import UE8M0, Rounding
+from ue5m3.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize
+
+pytestmark = pytest.mark.skipif(not cpu_kernel.available(), reason="no C compiler to build the CPU kernel")
+
+SCHEMES = [
+    get_scheme("ue5m3_b16"),
+    get_scheme("ue5m3_b32"),
+    get_scheme("nvfp4"),
+    get_scheme("mxfp4"),
+    dataclasses.replace(get_scheme("nvfp4"), scale_order=ScaleOrder.TE_LEGACY),
+    dataclasses.replace(get_scheme("nvfp4"), scale_order=ScaleOrder.TORCHAO),
+    BlockScheme(name="mx_ceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_CEIL),
+    get_scheme("ue5m3_b16").with_target(2048.0),
+]
+
+
+def _hard_tensor(seed: int, rows: int = 64, cols: int = 128) -> torch.Tensor:
+    """Gaussian rows of very different magnitudes, exact E2M1 midpoints, zero blocks and signed zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-30, 30, (rows, 1), generator=g).float())
+    x[0, :32] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4) * torch.tensor([1.0, -1.0]).repeat(16)
+    x[1, :32] = 0.0
+    x[1, 32:48] = -0.0
+    x[2, :16] = 1e-30
+    return x
+
+
+def _assert_same(a, b):
+    for field in ("payload", "scales", "decode_scales", "dequantize"):
+        va, vb = getattr(a, field), getattr(b, field)
+        va, vb = (va(), vb()) if callable(va) else (va, vb)
+        assert torch.equal(va, vb), field
+        assert torch.equal(torch.signbit(va), torch.signbit(vb)), f"sign of zero in {field}"
+    assert torch.equal(a.block_amax, b.block_amax)
+    assert int(a.zero_rounded_blocks) == int(b.zero_rounded_blocks)
+    assert int(a.saturated_blocks) == int(b.saturated_blocks)
+    assert torch.equal(a.tensor_amax, b.tensor_amax)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.name}-{s.scale_order}-{s.scale_rule}")
+@pytest.mark.parametrize("rounding", list(Rounding))
+@pytest.mark.parametrize("layout", ["rows", "axis0", "two_d"])
+def test_native_kernel_equals_torch_reference(scheme, rounding, layout):
+    x = _hard_tensor(seed=zlib.crc32(f"{scheme.name}{rounding.value}{layout}".encode()))
+    kwargs = {"axis": 0} if layout == "axis0" else {"two_d": layout == "two_d"}
+    if layout == "two_d" and x.shape[1] % scheme.block_size:
+        pytest.skip("shape does not tile")
+    bits = formats.random_bits_for(x.shape, rounding, torch.Generator().manual_seed(3))
+    for tensor_amax in (None, float(x.abs().max()) / 100, float(x.abs().max()) * 1e6, 0.0):
+        common = dict(tensor_amax=tensor_amax, rounding=rounding, random_bits=bits, **kwargs)
+        _assert_same(quantize(x, scheme, backend="torch", **common), quantize(x, scheme, backend="native", **common))
+
+
+def test_native_kernel_e2m1_rne_steps_match_generic_rounding_on_a_dense_grid():
+    # Every float32 in [-7, 7] at spacing 2^-12, plus the midpoints, through an identity scale (MX, amax 4).
+    grid = torch.arange(-7 * 4096, 7 * 4096 + 1, dtype=torch.float32) / 4096
+    x = grid.reshape(-1, 1).repeat(1, 32)
+    x[:, 0] = 4.0  # every block's amax is 4 -> scale 2^0 under the OCP rule
+    _assert_same(quantize(x, "mxfp4", backend="torch"), quantize(x, "mxfp4", backend="native"))
+
+
+def test_native_backend_refuses_cases_it_does_not_cover():
+    scheme = BlockScheme(name="mx_round", scale=UE8M0, block_size=32, target=448.0, scale_rule=ScaleRule.MX_ROUND_LOG2)
+    with pytest.raises(ValueError, match="mx_round_log2"):
+        quantize(torch.ones(32), scheme, backend="native")
+    # auto still works through the reference path
+    assert quantize(torch.ones(32), scheme, backend="auto").dequantize().shape == (32,)
+
+
+def test_kernel_library_is_cached_by_source_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("UE5M3_CACHE", str(tmp_path))
+    cpu_kernel.load.cache_clear()
+    try:
+        cpu_kernel.load()
+        built = list(tmp_path.glob("block_quantize-*.so"))
+        assert len(built) == 1
+    finally:
+        cpu_kernel.load.cache_clear()
