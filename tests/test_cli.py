@@ -1,0 +1,47 @@
+"""The command line: every verb has --help, writes its outputs and reports bad input clearly."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ue5m3 import cli
+
+
+def _verbs():
+    parser = cli.build_parser()
+    return sorted(parser._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no public accessor
+
+
+@pytest.mark.parametrize("verb", _verbs())
+def test_every_verb_has_help(verb, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([verb, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: ue5m3 " + verb in capsys.readouterr().out
+
+
+def test_range_analysis_verb_writes_its_declared_outputs(tmp_path):
+    assert cli.main(["range-analysis", "--out-dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "codebooks.csv",
+        "formats.csv",
+        "headroom.csv",
+        "provenance.json",
+        "summary.json",
+        "worked_example.csv",
+    ]
+
+
+def test_bad_number_is_an_argparse_error_naming_the_value(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["range-analysis", "--targets", "-5", "--out-dir", "x"])
+    assert exit_info.value.code == 2
+    assert "'-5'" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point_runs():
+    out = subprocess.run(
+        [sys.executable, "-m", "ue5m3", "formats", "ue5m3"], capture_output=True, text=True, check=True
+    )
+    assert "61440" in out.stdout
