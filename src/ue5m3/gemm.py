@@ -1,0 +1,302 @@
+"""GEMM output models: how an FP4 GEMM forms its FP32 result from two block-quantized operands.
+
+gemm spec section 2. All models take the same operands: A [M, K] quantized along K (``axis=-1``) and
+B [K, N] quantized along K (``axis=0``), with equal block sizes. "Encoded" operands are payload * scale value
+(exact in BF16); alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 maps encoded products back to real units.
+
+* ``decoded``: dequantize both operands to FP32 and matmul (what most FP4 emulators do).
+* ``encoded_fp32``: FP32 matmul of the encoded operands, then times alpha (the paper's torch control).
+* ``probe_matched``: the paper's model of native Blackwell NVFP4 GEMMs: K is cut into consecutive slices of
+  ``slice_width`` (64); each slice's dot product is the exact sum rounded once to FP32; slices are combined in K
+  order with FP32 additions rounded toward zero (``cross_slice_rounding="rtz"``) or to nearest; the encoded
+  accumulator is optionally snapped to a 1/``final_grid`` lattice with ties to even; then times alpha.
+* ``mma_sim``: MMA-Sim's bit-accurate model of Blackwell block-scaled MMA (arXiv 2511.10909): per 64-wide
+  instruction, the four exactly scaled 16-block sums and the accumulator are aligned to the largest exponent,
+  each truncated toward zero at 35 fractional bits below it, summed, and rounded once toward zero to FP32.
+
+Exactness. Slice sums are computed with an FP64 matmul when every partial sum is provably exact in FP64 (the
+exponent span of the slice's products plus log2 of the slice width fits in 53 bits, checked per row of A and
+column of B); the remaining rows and columns are recomputed from integer 16-block sums with error-free
+transformations (TwoSum) and round-to-odd before the final FP32 rounding, which is exact whenever all
+products of the slice lie within 106 bits of each other. That covers every UE5M3 and NVFP4 operand; MXFP4
+operands whose block scales differ by more than about 2^40 inside one slice are the documented exception.
+tests/test_gemm.py checks every model against a scalar reference in exact rational arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+import torch
+
+from .formats import Rounding
+from .quantize import QuantizedTensor, ScaleRule
+
+__all__ = ["OutputModel", "alpha", "matmul", "add_rtz", "round_fp64_to_fp32_exact", "DEFAULT_TILE_ELEMENTS"]
+
+# Output elements per chunk: bounds the memory of the slice-wise models (a few hundred MB at most).
+DEFAULT_TILE_ELEMENTS = 1 << 21
+
+
+class OutputModel(StrEnum):
+    """The GEMM output models (one spelling each)."""
+
+    DECODED = "decoded"
+    ENCODED_FP32 = "encoded_fp32"
+    PROBE_MATCHED = "probe_matched"
+    MMA_SIM = "mma_sim"
+
+
+# ----- exact FP32 building blocks -----------------------------------------------------------------------
+
+
+def add_rtz(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """FP32 addition rounded toward zero, exact for every pair of FP32 inputs.
+
+    The RNE sum s and its exact error e come from TwoSum (valid in any binary precision); when e is nonzero
+    and points back toward zero from s, s overshot the exact sum in magnitude, so step it one ulp toward zero.
+    """
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    overshoot = (err != 0) & (torch.signbit(err) != torch.signbit(s))
+    return torch.where(overshoot, torch.nextafter(s, torch.zeros_like(s)), s)
+
+
+def _two_sum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def round_fp64_to_fp32_exact(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """RNE to FP32 of the exact value hi + lo (a normalised double-double, |lo| <= ulp(hi)/2).
+
+    Round hi + lo to 53 bits with round-to-odd first (53 >= 24 + 2 makes the second rounding innocuous), then
+    let the FP64 -> FP32 conversion round to nearest even.
+    """
+    bits = hi.view(torch.int64)
+    even = (bits & 1) == 0
+    toward = torch.where(lo > 0, torch.full_like(hi, math.inf), torch.full_like(hi, -math.inf))
+    odd = torch.where((lo != 0) & even, torch.nextafter(hi, toward), hi)
+    return odd.to(torch.float32)
+
+
+def _exact_sum_to_fp32(terms: torch.Tensor) -> torch.Tensor:
+    """RNE-to-FP32 of the exact sum over dim 0 of FP64 terms (exact while the terms span <= 106 bits)."""
+    hi = terms[0]
+    lo = torch.zeros_like(hi)
+    for term in terms[1:]:
+        hi, err = _two_sum(hi, term)
+        lo = lo + err
+    hi, lo = _two_sum(hi, lo)  # renormalise
+    return round_fp64_to_fp32_exact(hi, lo)
+
+
+def _rtz_fp64_to_fp32(x: torch.Tensor) -> torch.Tensor:
+    r = x.to(torch.float32)
+    over = r.to(torch.float64).abs() > x.abs()
+    return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
+
+
+# ----- operands -----------------------------------------------------------------------------------------
+
+
+def _operand_factor(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(g, T*F) of one operand, or (1, None) for schemes without a tensor scale or with g == 0."""
+    scheme = q.scheme
+    if scheme.scale_rule not in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2) or float(q.tensor_amax) == 0:
+        return torch.ones((), dtype=torch.float32), None
+    target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite
+    return q.tensor_amax.to(torch.float32), target_f
+
+
+def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor) -> torch.Tensor:
+    """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one)."""
+    g_a, d_a = _operand_factor(a_q)
+    g_b, d_b = _operand_factor(b_q)
+    numerator = g_a * g_b
+    denominator = (d_a if d_a is not None else torch.ones((), dtype=torch.float32)) * (
+        d_b if d_b is not None else torch.ones((), dtype=torch.float32)
+    )
+    return numerator / denominator
+
+
+def _check_operands(a_q: QuantizedTensor, b_q: QuantizedTensor) -> tuple[int, int, int, int]:
+    if len(a_q.shape) != 2 or len(b_q.shape) != 2:
+        raise ValueError(f"matmul needs 2-D operands, got A {tuple(a_q.shape)} and B {tuple(b_q.shape)}")
+    (m, k), (k_b, n) = a_q.shape, b_q.shape
+    if k != k_b:
+        raise ValueError(f"inner dimensions differ: A is {tuple(a_q.shape)}, B is {tuple(b_q.shape)}")
+    if a_q.layout.two_d or a_q.layout.axis != 1:
+        raise ValueError("A must be quantized in 1D blocks along K (axis=-1)")
+    if not b_q.layout.two_d and b_q.layout.axis != 0:
+        raise ValueError("B must be quantized along K (axis=0) or in 2D tiles")
+    block = a_q.scheme.block_size
+    if b_q.scheme.block_size != block:
+        raise ValueError(f"block sizes differ: A {block}, B {b_q.scheme.block_size}")
+    return m, k, n, block
+
+
+def _blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2 * payload) as exact integers in FP32 and per-element scale values, both laid out [rows, K] for A
+    or [K, cols] for B; 2D-tiled B is expanded to per-element scales, which covers it too."""
+    twice_payload = q.payload * 2  # integers in [-12, 12]
+    scale = q.scales
+    if q.layout.two_d:
+        scale = scale.repeat_interleave(block, 0).repeat_interleave(block, 1)
+    elif operand == "A":
+        scale = scale.repeat_interleave(block, 1)
+    else:
+        scale = scale.repeat_interleave(block, 0)
+    return twice_payload, scale
+
+
+def _span_bits(
+    twice_payload: torch.Tensor, scale: torch.Tensor, mantissa_bits: int, slices: int, dim: int
+) -> torch.Tensor:
+    """Per slice and row (A) / column (B): how many bit positions the slice's encoded values span, from the
+    leading bit of the largest to the lowest bit of the finest (encoded = payload * scale, payload quantum 1/2,
+    scale quantum 2^(exponent - mantissa_bits)); zero values do not count."""
+    mag = (twice_payload * scale).abs().to(torch.float64) * 0.5
+    _, lead = torch.frexp(mag)  # |v| < 2^lead
+    _, exp_scale = torch.frexp(scale.to(torch.float64))
+    lowest = exp_scale - 1 - mantissa_bits - 1
+    nonzero = mag > 0
+    lead = torch.where(nonzero, lead, torch.full_like(lead, -(1 << 20)))
+    lowest = torch.where(nonzero, lowest, torch.full_like(lowest, 1 << 20))
+    if dim == 1:  # A: [M, K] -> [M, slices, width]
+        hi = lead.reshape(lead.shape[0], slices, -1).amax(-1)
+        lo = lowest.reshape(lead.shape[0], slices, -1).amin(-1)
+    else:  # B: [K, N] -> [slices, width, N]
+        hi = lead.reshape(slices, -1, lead.shape[-1]).amax(1)
+        lo = lowest.reshape(slices, -1, lead.shape[-1]).amin(1)
+    return torch.clamp(hi - lo, min=0)  # all-zero slices span nothing
+
+
+def _block_partials(a2: torch.Tensor, sa: torch.Tensor, b2: torch.Tensor, sb: torch.Tensor, block: int) -> torch.Tensor:
+    """Exact FP64 16-block dot products with both scales applied: [K/block, rows, cols]."""
+    m, k = a2.shape
+    n = b2.shape[1]
+    nb = k // block
+    # integer block sums in FP32 are exact: |sum| <= 32 * 144
+    a_blocks = a2.reshape(m, nb, block).permute(1, 0, 2)  # [nb, M, block]
+    b_blocks = b2.reshape(nb, block, n)  # [nb, block, N]
+    sums = torch.bmm(a_blocks, b_blocks).to(torch.float64)  # [nb, M, N]
+    scale_a = sa.reshape(m, nb, block)[:, :, 0].T.to(torch.float64)  # [nb, M]
+    scale_b = sb.reshape(nb, block, n)[:, 0, :].to(torch.float64)  # [nb, N]
+    return sums * scale_a[:, :, None] * scale_b[:, None, :] * 0.25  # exact: <= 13 + 8 bits
+
+
+def _probe_matched_rows(
+    rows: slice, ops: dict[str, torch.Tensor], block: int, width: int, rounding: Rounding, final_grid: int | None
+) -> torch.Tensor:
+    """probe_matched for a band of output rows: slice sums rounded once to FP32, combined in K order."""
+    a2, sa, enc_a, span_a = (ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a"))
+    b2, sb, enc_b, span_b = ops["b2"], ops["sb"], ops["enc_b"], ops["span_b"]
+    guard = math.ceil(math.log2(width))
+    # FP64 is exact for a slice when span_A + span_B + guard <= 53; split that budget between rows and columns.
+    row_budget, col_budget = (53 - guard) // 2, 53 - guard - (53 - guard) // 2
+    acc = torch.zeros(a2.shape[0], b2.shape[1], dtype=torch.float32)
+    for j in range(a2.shape[1] // width):
+        cols = slice(j * width, (j + 1) * width)
+        partial = (enc_a[:, cols] @ enc_b[cols, :]).to(torch.float32)  # exact in FP64, one RNE to FP32
+        bad_rows = torch.nonzero(span_a[:, j] > row_budget).flatten()
+        bad_cols = torch.nonzero(span_b[j] > col_budget).flatten()
+        if bad_rows.numel():  # recompute from exact 16-block sums with TwoSum and round-to-odd
+            parts = _block_partials(a2[bad_rows][:, cols], sa[bad_rows][:, cols], b2[cols], sb[cols], block)
+            partial[bad_rows] = _exact_sum_to_fp32(parts)
+        if bad_cols.numel():
+            parts = _block_partials(a2[:, cols], sa[:, cols], b2[cols][:, bad_cols], sb[cols][:, bad_cols], block)
+            partial[:, bad_cols] = _exact_sum_to_fp32(parts)
+        acc = add_rtz(acc, partial) if rounding is Rounding.RTZ else acc + partial
+    # torch.round is half-to-even; multiplying and dividing by a power of two is exact.
+    return acc if final_grid is None else torch.round(acc * final_grid) / final_grid
+
+
+def _mma_sim_tile(a2, sa, b2, sb, block, width) -> torch.Tensor:
+    parts = _block_partials(a2, sa, b2, sb, block)  # [nb, M, N] exact FP64
+    per_instr = width // block
+    acc = torch.zeros(parts.shape[1:], dtype=torch.float32)
+    for j in range(parts.shape[0] // per_instr):
+        terms = torch.cat([parts[j * per_instr : (j + 1) * per_instr], acc.to(torch.float64)[None]])
+        _, exps = torch.frexp(terms)
+        exps = torch.where(terms != 0, exps, torch.full_like(exps, -100000))
+        top = exps.amax(0)  # largest exponent (frexp convention: |t| < 2^exp)
+        quantum = torch.ldexp(torch.ones_like(terms[0]), (top - 1 - 35).clamp(min=-1074))
+        truncated = torch.trunc(terms / quantum) * quantum  # exact: power-of-two division
+        acc = _rtz_fp64_to_fp32(_exact_fp64_sum(truncated))
+    return acc
+
+
+def _exact_fp64_sum(terms: torch.Tensor) -> torch.Tensor:
+    # Truncated terms are multiples of 2^(top-36) below 2^top: at most 36 significant bits, so sums are exact.
+    return terms.sum(0)
+
+
+def matmul(
+    a_q: QuantizedTensor,
+    b_q: QuantizedTensor,
+    model: OutputModel | str = OutputModel.PROBE_MATCHED,
+    *,
+    slice_width: int = 64,
+    cross_slice_rounding: Rounding | str = Rounding.RTZ,
+    final_grid: int | None = 1024,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> torch.Tensor:
+    """FP32 result of A @ B under one GEMM output model.
+
+    Args:
+        a_q: A [M, K], quantized along K (``axis=-1``).
+        b_q: B [K, N], quantized along K (``axis=0``) or in 2D tiles.
+        model: see :class:`OutputModel`.
+        slice_width: K-slice width of ``probe_matched`` (multiple of the block size) and ``mma_sim`` (64).
+        cross_slice_rounding: ``rtz`` or ``rne`` additions between slices (``probe_matched``).
+        final_grid: denominator of the encoded-accumulator lattice (``probe_matched``), or None for no snap.
+        tile_elements: output elements per chunk, bounding memory.
+
+    Returns:
+        FP32 tensor [M, N].
+    """
+    model = OutputModel(model)
+    cross_slice_rounding = Rounding(cross_slice_rounding)
+    m, k, n, block = _check_operands(a_q, b_q)
+    if model is OutputModel.DECODED:
+        return torch.matmul(a_q.dequantize(), b_q.dequantize())
+    scale = alpha(a_q, b_q)
+    if model is OutputModel.ENCODED_FP32:
+        return torch.matmul(a_q.encoded(), b_q.encoded()) * scale
+    if cross_slice_rounding not in (Rounding.RTZ, Rounding.RNE):
+        raise ValueError(f"cross_slice_rounding must be 'rtz' or 'rne', got {cross_slice_rounding.value!r}")
+    if model is OutputModel.MMA_SIM and slice_width != 64:
+        raise ValueError(f"mma_sim models 64-wide instructions; slice_width must be 64, got {slice_width!r}")
+    if slice_width % block or k % slice_width:
+        raise ValueError(f"K={k} must be a multiple of slice_width={slice_width}, itself a multiple of {block}")
+    if final_grid is not None and (final_grid < 2 or final_grid & (final_grid - 1)):
+        raise ValueError(f"final_grid must be a power of two >= 2 or None, got {final_grid!r}")
+    a2, sa = _blocked_along_k(a_q, "A", block)
+    b2, sb = _blocked_along_k(b_q, "B", block)
+    out = torch.empty(m, n, dtype=torch.float32)
+    if model is OutputModel.MMA_SIM:
+        rows_per_tile = max(1, tile_elements // max(n * (k // block), 1))
+        for r0 in range(0, m, rows_per_tile):
+            rows = slice(r0, min(m, r0 + rows_per_tile))
+            out[rows] = _mma_sim_tile(a2[rows], sa[rows], b2, sb, block, slice_width)
+        return out * scale
+    slices = k // slice_width
+    ops = {
+        "a2": a2,
+        "sa": sa,
+        "b2": b2,
+        "sb": sb,
+        "enc_a": a2.to(torch.float64) * sa.to(torch.float64) * 0.5,  # exact encoded values
+        "enc_b": b2.to(torch.float64) * sb.to(torch.float64) * 0.5,
+        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, slices, dim=1),
+        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, slices, dim=0),
+    }
+    rows_per_tile = max(1, tile_elements // max(n, 1))
+    for r0 in range(0, m, rows_per_tile):
+        rows = slice(r0, min(m, r0 + rows_per_tile))
+        out[rows] = _probe_matched_rows(rows, ops, block, slice_width, cross_slice_rounding, final_grid)
+    return out * scale
