@@ -1,0 +1,27 @@
+# Two commands:
+#   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2)
+#   make test        build .venv if needed, then run the test suite (pytest -q)
+# The environment is installed with pip from constraints.txt (pinned versions) and reinstalled whenever
+# pyproject.toml or constraints.txt change.
+
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+# Rules, notebooks and tests call ue5m3, snakemake, papermill and jupyter from PATH.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: reproduce test
+
+reproduce: $(STAMP)
+	snakemake --cores 2
+
+test: $(STAMP)
+	pytest -q
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install -c constraints.txt -e ".[dev,pipeline,eval]"
+	touch $@

@@ -1,0 +1,181 @@
+"""Deterministic figure style shared by every notebook (style guide rule 11).
+
+The figures are pipeline outputs, so two runs on the same tables must give the same bytes. Three things
+make that true: a fixed style (one font family, fixed sizes, TrueType fonts embedded with `pdf.fonttype`
+42, a fixed SVG hash salt) applied by :func:`apply_style`; no timestamps or version strings in the file
+(:func:`save_figure` clears them); and atomic writes, so an interrupted save never leaves a truncated
+figure behind for Snakemake to mistake for a finished one.
+
+Later figures compare our runs with the paper's reported numbers; :data:`paper_vs_ours` fixes how each
+side is drawn (the paper in grey/black hollow markers, ours in colour) so every notebook agrees.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+from matplotlib.figure import Figure
+
+STYLE: dict[str, Any] = {
+    "font.family": "DejaVu Sans",  # ships with matplotlib, so every machine renders the same glyphs
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "lines.linewidth": 1.5,
+    "lines.markersize": 5,
+    "figure.figsize": (6.0, 3.5),
+    "figure.dpi": 100,
+    "figure.constrained_layout.use": True,
+    "savefig.dpi": 300,
+    "pdf.fonttype": 42,  # embed TrueType (editable text in the PDF, no Type 3 bitmaps)
+    "ps.fonttype": 42,
+    "svg.fonttype": "none",
+    "svg.hashsalt": "ue5m3",  # SVG element ids are otherwise random per run
+}
+"""rcParams set by :func:`apply_style`."""
+
+PAPER_COLOR = "0.25"
+"""The paper's reported numbers: dark grey."""
+OURS_COLOR = "#1f77b4"
+"""Our reproduction: blue."""
+
+paper_vs_ours: dict[str, dict[str, Any]] = {
+    "paper": {
+        "color": PAPER_COLOR,
+        "marker": "o",
+        "markerfacecolor": "none",
+        "markeredgecolor": "black",
+        "linestyle": "none",
+        "label": "paper",
+    },
+    "ours": {"color": OURS_COLOR, "marker": "o", "linestyle": "-", "label": "ours"},
+}
+"""Keyword arguments for ``ax.plot`` by side: the paper's reported values as hollow black markers, ours
+in colour. Use as ``ax.plot(x, y, **paper_vs_ours["paper"])``."""
+
+FORMAT_COLORS: dict[str, str] = {"UE5M3": "#1f77b4", "E4M3": "#d62728", "UE8M0": "#2ca02c", "E2M1": "#9467bd"}
+"""One colour per number format, shared by all figures."""
+
+# Savefig metadata that would otherwise embed the date or the matplotlib version.
+_STABLE_METADATA: dict[str, dict[str, None]] = {
+    "pdf": {"CreationDate": None, "Producer": None},
+    "svg": {"Date": None, "Creator": None},
+    "png": {"Software": None},
+}
+
+
+def apply_style() -> None:
+    """Set the shared matplotlib rcParams (:data:`STYLE`) for the current process."""
+    mpl.rcParams.update(STYLE)
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Write `fig` to `path` atomically and byte-reproducibly.
+
+    The figure is first saved to a temporary file in the destination directory and then moved over `path`
+    with :func:`os.replace`, so readers see either the old file or the complete new one. Creation dates and
+    producer strings are left out, so saving the same figure twice gives identical bytes.
+
+    Args:
+        fig: the figure to save.
+        path: destination; its suffix (``.pdf``, ``.svg``, ``.png``, ...) selects the format. Missing
+            parent directories are created.
+
+    Returns:
+        The destination as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: if `path` has no suffix to take the format from.
+    """
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower()
+    if not fmt:
+        raise ValueError(f"save_figure needs a file suffix to choose the format, got {str(path)!r}; use e.g. .pdf")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.chmod(tmp_name, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
+        fig.savefig(tmp_name, format=fmt, metadata=_STABLE_METADATA.get(fmt))
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _current_umask() -> int:
+    umask = os.umask(0)  # reading the umask means setting it; restore it at once
+    os.umask(umask)
+    return umask
+
+
+def repo_path(path: str | os.PathLike[str]) -> Path:
+    """Resolve a repository-relative path from the repository root or any directory below it.
+
+    Notebooks default to paths such as ``results/range_analysis/formats.csv``; this lets them run by hand
+    from the repository root or from ``notebooks/``. The root is the nearest directory, starting at the
+    current one and walking up, that holds a ``Snakefile``.
+
+    Args:
+        path: a path relative to the repository root; absolute paths are returned unchanged.
+
+    Returns:
+        The resolved path.
+
+    Raises:
+        FileNotFoundError: if no directory from the current one upwards holds a ``Snakefile``.
+    """
+    path = Path(path)
+    if path.is_absolute():
+        return path
+    cwd = Path.cwd()
+    for directory in (cwd, *cwd.parents):
+        if (directory / "Snakefile").is_file():
+            return directory / path
+    raise FileNotFoundError(
+        f"cannot resolve {str(path)!r}: no Snakefile in {str(cwd)!r} or above; run from inside the "
+        "repository or pass an absolute path"
+    )
+
+
+def format_number(value: float) -> str:
+    """Short label text for a value read from a table (labels are computed, never typed in).
+
+    Powers of two below 1 print as mathtext ``$2^{k}$``, other values below 1 in scientific notation,
+    values from 100 up with thousands separators and no decimals, the rest with four significant digits.
+
+    Args:
+        value: the number to label.
+
+    Returns:
+        The label, e.g. ``"61,440"``, ``"$2^{-17}$"``, ``"$1.7\\times10^{-6}$"``, ``"30"``.
+    """
+    value = float(value)
+    magnitude = abs(value)
+    if magnitude == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    sign = "-" if value < 0 else ""
+    if magnitude < 1:
+        fraction, exponent = math.frexp(magnitude)
+        if fraction == 0.5:
+            return f"${sign}2^{{{exponent - 1}}}$"
+        mantissa, power = f"{magnitude:.1e}".split("e")
+        return f"${sign}{mantissa}\\times10^{{{int(power)}}}$"
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"

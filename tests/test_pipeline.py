@@ -1,0 +1,189 @@
+"""Tests for the Snakemake pipeline: dry runs, lint, config schema, notebook pairing, env pins.
+
+The dry runs and lint call the `snakemake` next to this interpreter (the project's .venv), from the
+repository root, exactly as a user would. The real run of the range pipeline is marked slow and needs
+the `ue5m3 range-analysis` CLI.
+"""
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+CONFIGS = [ROOT / "config" / "config.yaml", ROOT / "config" / "paper.yaml"]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
+MAX_NOTEBOOK_CELLS = 6  # style guide rule 11
+
+
+def _env() -> dict[str, str]:
+    """The environment with this interpreter's bin directory first on PATH, as `make` sets it up."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _run(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _snakemake(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = _run("snakemake", *args, cwd=cwd, timeout=timeout)
+    assert result.returncode == 0, f"snakemake {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+# --- workflow -----------------------------------------------------------------------------------------
+
+
+# --forceall: plan every job even when results/ is up to date from an earlier run.
+def test_dry_run_with_the_default_config_passes():
+    result = _snakemake("-n", "--forceall")
+    assert "range_figures" in result.stdout
+
+
+def test_dry_run_with_the_cluster_profile_and_paper_config_passes():
+    result = _snakemake("-n", "--forceall", "--profile", "cluster", "--configfile", "config/paper.yaml")
+    assert "Using profile cluster" in result.stdout + result.stderr
+    assert "range_figures" in result.stdout
+
+
+def test_lint_passes():
+    _snakemake("--lint")
+
+
+# --- config schema ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_satisfy_the_schema(path):
+    validate(_load(path), str(SCHEMA))
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [((), "unknown_section"), (("range_analysis",), "unknown_option")],
+    ids=["top level", "in a section"],
+)
+def test_schema_rejects_an_unknown_key(where, key):
+    config = _load(CONFIGS[0])
+    section = config
+    for name in where:
+        section = section[name]
+    section[key] = 1
+    with pytest.raises(WorkflowError, match=key):
+        validate(config, str(SCHEMA))
+
+
+def _required_keys() -> list[tuple[str, ...]]:
+    config = _load(CONFIGS[0])
+    keys = [(key,) for key in config]
+    keys += [(section, key) for section, value in config.items() if isinstance(value, dict) for key in value]
+    return keys
+
+
+@pytest.mark.parametrize("key", _required_keys(), ids="/".join)
+def test_schema_rejects_a_config_missing_a_key(key):
+    config = copy.deepcopy(_load(CONFIGS[0]))
+    section = config
+    for name in key[:-1]:
+        section = section[name]
+    del section[key[-1]]
+    with pytest.raises(WorkflowError, match=f"'{key[-1]}' is a required property"):
+        validate(config, str(SCHEMA))
+
+
+def test_schema_rejects_a_wrongly_typed_value():
+    config = _load(CONFIGS[0])
+    config["range_analysis"]["targets"] = [448, "2048"]
+    with pytest.raises(WorkflowError):
+        validate(config, str(SCHEMA))
+
+
+# --- notebooks ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_script_and_ipynb_are_in_sync(script):
+    ipynb = script.with_suffix(".ipynb")
+    assert ipynb.is_file(), f"{ipynb.name} is missing: run `jupytext --sync {script.relative_to(ROOT)}`"
+    from_script = jupytext.read(script)
+    from_ipynb = jupytext.read(ipynb)
+    cells = [(c.cell_type, c.source, c.metadata.get("tags")) for c in from_script.cells]
+    assert cells == [(c.cell_type, c.source, c.metadata.get("tags")) for c in from_ipynb.cells], (
+        f"{ipynb.name} differs from {script.name}: run `jupytext --sync {script.relative_to(ROOT)}`"
+    )
+
+
+@pytest.mark.parametrize("script", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_language_info_a_parameters_cell_and_at_most_six_cells(script):
+    notebook = nbformat.read(script.with_suffix(".ipynb"), as_version=4)
+    assert notebook.metadata["language_info"]["name"] == "python"  # Snakemake's notebook: needs it
+    assert len(notebook.cells) <= MAX_NOTEBOOK_CELLS
+    tagged = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(tagged) == 1
+
+
+# --- environments -------------------------------------------------------------------------------------
+
+
+def _pins(lines) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s#]+)\s*", line)
+        if match:
+            pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
+    return pins
+
+
+@pytest.mark.parametrize("env_file", sorted((ROOT / "envs").glob("*.yaml")), ids=lambda p: p.name)
+def test_conda_env_pins_match_constraints(env_file):
+    constraints = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    pip_section = next(d["pip"] for d in _load(env_file)["dependencies"] if isinstance(d, dict))
+    pins = _pins(pip_section)
+    assert pins, f"{env_file.name} pins nothing"
+    assert {name: constraints.get(name) for name in pins} == pins
+
+
+# --- real run -----------------------------------------------------------------------------------------
+
+
+def _range_analysis_cli_missing() -> str | None:
+    """Why the real range pipeline cannot run here, or None when it can."""
+    if shutil.which("ue5m3", path=_env()["PATH"]) is None:
+        return "the `ue5m3` command is not installed (pip install -e .)"
+    result = _run("ue5m3", "range-analysis", "--help", timeout=60)
+    if result.returncode != 0:
+        return "`ue5m3 range-analysis` is not implemented yet (`ue5m3 range-analysis --help` fails)"
+    return None
+
+
+@pytest.mark.slow
+def test_range_pipeline_runs_and_its_figures_are_byte_stable(tmp_path):
+    reason = _range_analysis_cli_missing()
+    if reason:
+        pytest.skip(reason)
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    figures = ["range_codebooks.pdf", "range_headroom.pdf", "range_worked_example.pdf"]
+    run = ("--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path))
+    _snakemake(*run, timeout=600)
+    first = {name: (tmp_path / "figures" / name).read_bytes() for name in figures}
+    assert (tmp_path / "results" / "range_analysis" / "provenance.json").is_file()
+    assert (tmp_path / "logs" / "notebooks" / "range_analysis.ipynb").is_file()
+    _snakemake(*run, "--forcerun", "range_figures", timeout=600)
+    assert {name: (tmp_path / "figures" / name).read_bytes() for name in figures} == first

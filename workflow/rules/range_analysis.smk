@@ -1,0 +1,39 @@
+# Dynamic range of the block-scale formats (paper section 1): tables from the CLI, figures from a notebook.
+
+
+rule range_analysis:
+    output:
+        formats=result_path("range_analysis", "formats.csv"),
+        headroom=result_path("range_analysis", "headroom.csv"),
+        worked_example=result_path("range_analysis", "worked_example.csv"),
+        codebooks=result_path("range_analysis", "codebooks.csv"),
+        provenance=result_path("range_analysis", "provenance.json"),
+    log:
+        log_path("range_analysis", "range_analysis.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        targets=config["range_analysis"]["targets"],
+        reference=config["range_analysis"]["example_reference"],
+        example_targets=config["range_analysis"]["example_targets"],
+        out_dir=subpath(output.formats, parent=True),
+    shell:
+        "ue5m3 range-analysis --targets {params.targets} --example-reference {params.reference} --example-targets {params.example_targets} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule range_figures:
+    input:
+        formats=rules.range_analysis.output.formats,
+        codebooks=rules.range_analysis.output.codebooks,
+        headroom=rules.range_analysis.output.headroom,
+        worked_example=rules.range_analysis.output.worked_example,
+    output:
+        codebooks=figure_path("range_codebooks.pdf"),
+        headroom=figure_path("range_headroom.pdf"),
+        worked_example=figure_path("range_worked_example.pdf"),
+    log:
+        notebook=log_path("notebooks", "range_analysis.ipynb"),
+    conda:
+        "../../envs/cpu.yaml"
+    notebook:
+        "../../notebooks/range_analysis.ipynb"
