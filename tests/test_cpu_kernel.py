@@ -82,7 +82,7 @@ def test_kernel_library_is_cached_by_source_hash(tmp_path, monkeypatch):
     cpu_kernel.load.cache_clear()
     try:
         cpu_kernel.load()
-        built = list(tmp_path.glob("block_quantize-*.so"))
+        built = list(tmp_path.glob("ue5m3_kernels-*.so"))
         assert len(built) == 1
     finally:
         cpu_kernel.load.cache_clear()

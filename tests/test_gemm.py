@@ -190,3 +190,13 @@ def test_memory_bounded_tiling_gives_identical_results():
     full = gemm.matmul(a_q, b_q, "probe_matched")
     assert torch.equal(full, gemm.matmul(a_q, b_q, "probe_matched", tile_elements=16))
     assert torch.equal(gemm.matmul(a_q, b_q, "mma_sim"), gemm.matmul(a_q, b_q, "mma_sim", tile_elements=16))
+
+
+def test_fused_slice_combination_equals_the_torch_reference_path(monkeypatch):
+    a_q, b_q = _operands(21, m=40, k=256, n=24, spread=8.0)
+    for rounding in ("rtz", "rne"):
+        fused = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding)
+        with monkeypatch.context() as patch:
+            patch.setattr(gemm.cpu_kernel, "available", lambda: False)
+            reference = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding)
+        assert torch.equal(fused, reference)

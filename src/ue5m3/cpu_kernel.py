@@ -1,4 +1,4 @@
-"""A fused C kernel for E2M1 block quantization on the CPU, built on first use and loaded with ctypes.
+"""Fused C kernels (E2M1 block quantization, probe-matched slice combination), built on first use, loaded with ctypes.
 
 The torch path in :mod:`ue5m3.quantize` is the reference; this kernel does the same FP32 operations in the
 same order in one pass over memory (compiled with ``-fno-fast-math -ffp-contract=off``) and is checked bit for
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "load", "quantize_blocks", "CompileError"]
+__all__ = ["available", "load", "quantize_blocks", "combine_slices", "CompileError"]
 
+SOURCES = ("block_quantize.c", "accumulate.c")
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off", "-std=c99"]
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
@@ -54,24 +55,31 @@ def load() -> ctypes.CDLL:
     compiler = _compiler()
     if compiler is None:
         raise CompileError("no C compiler found (set CC or install gcc); use backend='torch'")
-    source = resources.files("ue5m3").joinpath("csrc/block_quantize.c").read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"block_quantize-{key}.so"
+    sources = {name: resources.files("ue5m3").joinpath(f"csrc/{name}").read_bytes() for name in SOURCES}
+    key = hashlib.sha256(b"".join(sources.values()) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"ue5m3_kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "block_quantize.c"
-            src.write_bytes(source)
+            paths = []
+            for name, data in sources.items():
+                paths.append(Path(tmp) / name)
+                paths[-1].write_bytes(data)
             out = Path(tmp) / "lib.so"
-            result = subprocess.run([compiler, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+            result = subprocess.run(
+                [compiler, *FLAGS, *map(str, paths), "-o", str(out)], capture_output=True, text=True
+            )
             if result.returncode != 0:
-                raise CompileError(f"compiling {src.name} with {compiler} failed:\n{result.stderr}")
+                raise CompileError(f"compiling {', '.join(SOURCES)} with {compiler} failed:\n{result.stderr}")
             os.replace(out, target)
     lib = ctypes.CDLL(str(target))
     fn = lib.ue5m3_quantize_blocks
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p, p, p, p, p, p, p]
     fn.restype = None
+    combine = lib.ue5m3_combine_slices
+    combine.argtypes = [p, i64, i64, i32, p]
+    combine.restype = None
     return lib
 
 
@@ -140,3 +148,19 @@ def quantize_blocks(
         flags.data_ptr(),
     )
     return {"payload": payload, "dequantized": dequant, "flags": flags, **per_block}
+
+
+def combine_slices(partials: torch.Tensor, acc: torch.Tensor, *, rtz: bool) -> torch.Tensor:
+    """In place: acc (+)= float(partials[s]) for each slice s in order (RTZ or RNE FP32 additions).
+
+    Args:
+        partials: FP64 [slices, ...] exact slice sums (converted to FP32 with RNE inside).
+        acc: FP32 accumulator shaped like ``partials[0]``, contiguous CPU.
+    """
+    if partials.dtype != torch.float64 or acc.dtype != torch.float32 or partials.shape[1:] != acc.shape:
+        raise ValueError("combine_slices takes FP64 partials [slices, ...] and an FP32 accumulator [...]")
+    if not acc.is_contiguous():
+        raise ValueError("the accumulator must be contiguous")
+    partials = partials.contiguous()
+    load().ue5m3_combine_slices(partials.data_ptr(), partials.shape[0], acc.numel(), int(rtz), acc.data_ptr())
+    return acc

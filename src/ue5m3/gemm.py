@@ -30,13 +30,14 @@ from enum import StrEnum
 
 import torch
 
+from . import cpu_kernel
 from .formats import Rounding
 from .quantize import QuantizedTensor, ScaleRule
 
 __all__ = ["OutputModel", "alpha", "matmul", "add_rtz", "round_fp64_to_fp32_exact", "DEFAULT_TILE_ELEMENTS"]
 
-# Output elements per chunk: bounds the memory of the slice-wise models (a few hundred MB at most).
-DEFAULT_TILE_ELEMENTS = 1 << 21
+# Intermediate elements per chunk (FP64 slice sums or block partials): bounds memory to about 128 MB each.
+DEFAULT_TILE_ELEMENTS = 1 << 24
 
 
 class OutputModel(StrEnum):
@@ -195,22 +196,30 @@ def _probe_matched_rows(
     """probe_matched for a band of output rows: slice sums rounded once to FP32, combined in K order."""
     a2, sa, enc_a, span_a = (ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a"))
     b2, sb, enc_b, span_b = ops["b2"], ops["sb"], ops["enc_b"], ops["span_b"]
+    m, k = enc_a.shape
+    n, slices = enc_b.shape[1], k // width
+    # [M, K] -> [S, M, width] @ [S, width, N] -> [S, M, N]: exact FP64 slice sums wherever the spans allow
+    partials = torch.bmm(enc_a.reshape(m, slices, width).transpose(0, 1), enc_b.reshape(slices, width, n))
     guard = math.ceil(math.log2(width))
     # FP64 is exact for a slice when span_A + span_B + guard <= 53; split that budget between rows and columns.
     row_budget, col_budget = (53 - guard) // 2, 53 - guard - (53 - guard) // 2
-    acc = torch.zeros(a2.shape[0], b2.shape[1], dtype=torch.float32)
-    for j in range(a2.shape[1] // width):
+    bad_a, bad_b = span_a > row_budget, span_b > col_budget  # [M, S], [S, N]
+    for j in torch.nonzero(bad_a.any(0) | bad_b.any(1)).flatten().tolist():
         cols = slice(j * width, (j + 1) * width)
-        partial = (enc_a[:, cols] @ enc_b[cols, :]).to(torch.float32)  # exact in FP64, one RNE to FP32
-        bad_rows = torch.nonzero(span_a[:, j] > row_budget).flatten()
-        bad_cols = torch.nonzero(span_b[j] > col_budget).flatten()
+        bad_rows, bad_cols = torch.nonzero(bad_a[:, j]).flatten(), torch.nonzero(bad_b[j]).flatten()
         if bad_rows.numel():  # recompute from exact 16-block sums with TwoSum and round-to-odd
             parts = _block_partials(a2[bad_rows][:, cols], sa[bad_rows][:, cols], b2[cols], sb[cols], block)
-            partial[bad_rows] = _exact_sum_to_fp32(parts)
+            partials[j, bad_rows] = _exact_sum_to_fp32(parts).to(torch.float64)
         if bad_cols.numel():
             parts = _block_partials(a2[:, cols], sa[:, cols], b2[cols][:, bad_cols], sb[cols][:, bad_cols], block)
-            partial[:, bad_cols] = _exact_sum_to_fp32(parts)
-        acc = add_rtz(acc, partial) if rounding is Rounding.RTZ else acc + partial
+            partials[j][:, bad_cols] = _exact_sum_to_fp32(parts).to(torch.float64)
+    acc = torch.zeros(m, n, dtype=torch.float32)
+    if cpu_kernel.available():
+        cpu_kernel.combine_slices(partials, acc, rtz=rounding is Rounding.RTZ)  # the same operations, fused
+    else:
+        for partial in partials:
+            p32 = partial.to(torch.float32)  # the one RNE rounding of the exact slice sum
+            acc = add_rtz(acc, p32) if rounding is Rounding.RTZ else acc + p32
     # torch.round is half-to-even; multiplying and dividing by a power of two is exact.
     return acc if final_grid is None else torch.round(acc * final_grid) / final_grid
 
@@ -254,7 +263,7 @@ def matmul(
         slice_width: K-slice width of ``probe_matched`` (multiple of the block size) and ``mma_sim`` (64).
         cross_slice_rounding: ``rtz`` or ``rne`` additions between slices (``probe_matched``).
         final_grid: denominator of the encoded-accumulator lattice (``probe_matched``), or None for no snap.
-        tile_elements: output elements per chunk, bounding memory.
+        tile_elements: intermediate elements per chunk (FP64 slice sums or block partials), bounding memory.
 
     Returns:
         FP32 tensor [M, N].
@@ -295,7 +304,7 @@ def matmul(
         "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, slices, dim=1),
         "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, slices, dim=0),
     }
-    rows_per_tile = max(1, tile_elements // max(n, 1))
+    rows_per_tile = max(1, tile_elements // max(n * slices, 1))
     for r0 in range(0, m, rows_per_tile):
         rows = slice(r0, min(m, r0 + rows_per_tile))
         out[rows] = _probe_matched_rows(rows, ops, block, slice_width, cross_slice_rounding, final_grid)

@@ -1,0 +1,233 @@
+"""The FP4 linear layer: operand roles, quantizer calls, GEMM routing, gradients, dtypes and conversion."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from ue5m3 import linear, recipes
+from ue5m3.linear import QuantLinear, convert, find_scale_state
+from ue5m3.recipes import GemmModel, Operand
+
+
+def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, out_f=128, seed=0, gemm=None):
+    torch.manual_seed(seed)
+    model = nn.Module()
+    model.proj = nn.Linear(in_f, out_f)
+    recipe = recipes.get(recipe_name)
+    if gemm is not None:
+        recipe = dataclasses.replace(
+            recipe, gemm=dataclasses.replace(recipe.gemm, model=GemmModel(gemm), final_grid=None)
+        )
+    records = convert(model, recipe, select=["proj"])
+    layer = model.proj
+    layer.policy = dataclasses.replace(
+        layer.policy, module=name, operands=recipe.operand_specs(name, linear.layer_index(name))
+    )
+    return layer, records
+
+
+def _record_quantizer_calls(monkeypatch):
+    calls = []
+    original = linear.quantize_operand
+
+    def recording(tensor, spec, scheme, **kwargs):
+        q = original(tensor, spec, scheme, **kwargs)
+        calls.append(
+            {
+                "operand": spec.operand,
+                "rounding": q.rounding.value,
+                "target": q.scheme.target,
+                "two_d": q.layout.two_d,
+                "reference": kwargs["reference"],
+                "shape": tuple(tensor.shape),
+                "q": q,
+            }
+        )
+        return q
+
+    monkeypatch.setattr(linear, "quantize_operand", recording)
+    return calls
+
+
+def _step(layer, tokens=64, seed=1):
+    find_scale_state(layer).begin_step(1)
+    x = torch.randn(tokens, layer.in_features, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    y = layer(x)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1))
+    y.backward(dy)
+    return x, y, dy
+
+
+def test_proposed_recipe_makes_exactly_six_quantizer_calls_with_the_paper_settings(monkeypatch):
+    layer, _ = _layer()
+    calls = _record_quantizer_calls(monkeypatch)
+    _step(layer)
+    order = [
+        Operand.FPROP_ACTIVATION,
+        Operand.FPROP_WEIGHT,
+        Operand.DGRAD_UPSTREAM_GRADIENT,
+        Operand.WGRAD_UPSTREAM_GRADIENT,
+        Operand.DGRAD_WEIGHT,
+        Operand.WGRAD_ACTIVATION,
+    ]
+    assert [c["operand"] for c in calls] == order
+    assert [c["rounding"] for c in calls] == ["rne", "rne", "sf", "sf", "rne", "rne"]
+    assert [c["target"] for c in calls] == [448.0] * 6
+    assert [c["two_d"] for c in calls] == [False, True, False, False, True, False]
+
+
+def test_both_backward_gemms_share_one_dy_reference_and_reuse_forward_references(monkeypatch):
+    layer, _ = _layer()
+    calls = _record_quantizer_calls(monkeypatch)
+    _, _, dy = _step(layer)
+    by_operand = {c["operand"]: c for c in calls}
+    assert (
+        by_operand[Operand.DGRAD_UPSTREAM_GRADIENT]["reference"]
+        is by_operand[Operand.WGRAD_UPSTREAM_GRADIENT]["reference"]
+    )
+    assert float(by_operand[Operand.DGRAD_UPSTREAM_GRADIENT]["reference"]) == float(dy.abs().max())
+    assert by_operand[Operand.FPROP_ACTIVATION]["reference"] is by_operand[Operand.WGRAD_ACTIVATION]["reference"]
+    assert by_operand[Operand.FPROP_WEIGHT]["reference"] is by_operand[Operand.DGRAD_WEIGHT]["reference"]
+
+
+def test_target_override_reaches_only_the_wgrad_dy_of_the_named_modules(monkeypatch):
+    calls = _record_quantizer_calls(monkeypatch)
+    layer, _ = _layer(name="backbone.layers.45.mixer.down_proj")
+    _step(layer)
+    targets = {c["operand"]: c["target"] for c in calls}
+    assert targets.pop(Operand.WGRAD_UPSTREAM_GRADIENT) == 2048.0
+    assert set(targets.values()) == {448.0}
+    calls.clear()
+    other, _ = _layer(name="backbone.layers.45.mixer.up_proj")
+    _step(other)
+    assert {c["target"] for c in calls} == {448.0}
+
+
+def test_gemms_are_routed_with_the_operand_shapes_of_the_spec(monkeypatch):
+    shapes = []
+    original = linear.run_gemm
+    monkeypatch.setattr(
+        linear, "run_gemm", lambda a, b, cfg: shapes.append((tuple(a.shape), tuple(b.shape))) or original(a, b, cfg)
+    )
+    layer, _ = _layer(in_f=64, out_f=128)
+    _step(layer, tokens=192)
+    assert shapes == [((192, 64), (64, 128)), ((192, 128), (128, 64)), ((128, 192), (192, 64))]
+
+
+def test_decoded_model_gradients_equal_autograd_through_the_dequantized_operands(monkeypatch):
+    layer, _ = _layer(gemm="decoded")
+    calls = _record_quantizer_calls(monkeypatch)
+    x, y, dy = _step(layer)
+    q = {c["operand"]: c["q"] for c in calls}
+    x_deq = q[Operand.FPROP_ACTIVATION].dequantize().requires_grad_()
+    assert torch.equal(y, x_deq @ q[Operand.FPROP_WEIGHT].dequantize() + layer.bias)
+    assert torch.equal(x.grad, q[Operand.DGRAD_UPSTREAM_GRADIENT].dequantize() @ q[Operand.DGRAD_WEIGHT].dequantize())
+    assert torch.equal(
+        layer.weight.grad, q[Operand.WGRAD_UPSTREAM_GRADIENT].dequantize() @ q[Operand.WGRAD_ACTIVATION].dequantize()
+    )
+    assert torch.equal(layer.bias.grad, dy.sum(0))
+
+
+def test_te_settings_apply_rht_to_both_wgrad_operands_with_current_amax(monkeypatch):
+    layer, _ = _layer("ue5m3_te_settings")
+    calls = _record_quantizer_calls(monkeypatch)
+    _step(layer)
+    refs = {c["operand"]: c["reference"] for c in calls}
+    assert refs[Operand.WGRAD_UPSTREAM_GRADIENT] is None and refs[Operand.WGRAD_ACTIVATION] is None
+    assert refs[Operand.DGRAD_UPSTREAM_GRADIENT] is not None
+
+
+def test_bf16_activations_give_bf16_outputs_and_gradients_in_parameter_dtypes():
+    layer, _ = _layer()
+    find_scale_state(layer).begin_step(1)
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and layer.weight.grad.dtype == torch.float32
+
+
+def test_inference_mode_is_forward_only_deterministic_and_draws_no_random_bits():
+    layer, _ = _layer()
+    find_scale_state(layer).begin_step(1)
+    layer.set_inference()
+    x = torch.randn(8, 8, 64)
+    with torch.no_grad():
+        state = torch.get_rng_state()
+        y1 = layer(x)
+        assert torch.equal(state, torch.get_rng_state())
+        y2 = layer(x)
+    assert torch.equal(y1, y2) and y1.shape == (8, 8, 128)
+
+
+def test_convert_keeps_the_same_parameters_is_idempotent_and_reports_what_it_did():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    params = [id(p) for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters())
+    records = convert(model, recipes.get("ue5m3_b16"), select=["0", "2"])
+    assert [r.status for r in records] == ["converted", "converted"]
+    assert isinstance(model[0], QuantLinear) and isinstance(model[2], QuantLinear)
+    assert [id(p) for p in model.parameters()] == params
+    assert opt.param_groups[0]["params"][0] is model[0].weight
+    again = convert(model, recipes.get("ue5m3_b16"), select=["0", "2"])
+    assert [r.status for r in again] == ["already_converted"] * 2
+    assert find_scale_state(model) is model[0].scale_state is model[2].scale_state
+
+
+def test_convert_exempts_bf16_layers_of_the_recipe():
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.ModuleDict({"proj": nn.Linear(16, 16)}) for _ in range(46)])
+    records = convert(model, recipes.get("nvfp4_te"), select=["layers.*.proj"])
+    status = {r.layer: r.status for r in records}
+    assert status[43] == "converted" and status[44] == "bf16_exempt" and status[45] == "bf16_exempt"
+    assert type(model.layers[44]["proj"]) is nn.Linear
+
+
+def test_convert_refuses_subclasses_and_aliases_before_changing_anything():
+    class MyLinear(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Linear(16, 16), MyLinear(16, 16))
+    with pytest.raises(TypeError, match="MyLinear"):
+        convert(model, recipes.get("ue5m3_b16"), select=["*"])
+    assert type(model[0]) is nn.Linear
+    shared = nn.Linear(16, 16)
+    aliased = nn.Sequential(nn.Linear(16, 16), shared, shared)
+    with pytest.raises(ValueError, match="aliased"):
+        convert(aliased, recipes.get("ue5m3_b16"), select=["*"])
+    assert all(type(m) is nn.Linear for m in aliased)
+
+
+def test_convert_requires_a_selector():
+    with pytest.raises(TypeError, match="select"):
+        convert(nn.Sequential(nn.Linear(16, 16)), recipes.get("ue5m3_b16"), select="0")
+
+
+def test_bf16_recipe_converts_nothing():
+    model = nn.Sequential(nn.Linear(16, 16))
+    records = convert(model, recipes.get("bf16"), select=["0"])
+    assert records[0].status == "bf16_exempt" and type(model[0]) is nn.Linear
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ue5m3_b16",
+        "ue5m3_b32",
+        "ue5m3_torch_control",
+        "ue5m3_te_settings",
+        "nvfp4_te",
+        "nvfp4_no_rht_all_linears",
+        "mxfp4",
+    ],
+)
+def test_every_quantized_recipe_trains_a_step_with_finite_gradients(name):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+    convert(model, recipes.get(name), select=["0", "2"])
+    find_scale_state(model).begin_step(1)
+    loss = model(torch.randn(64, 64)).square().mean()
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
