@@ -1,4 +1,4 @@
-"""Fused C kernels (E2M1 block quantization, probe-matched slice combination), built on first use, loaded with ctypes.
+"""Fused C kernels (E2M1 block quantization, the probe-matched GEMM), built on first use, loaded with ctypes.
 
 The torch path in :mod:`ue5m3.quantize` is the reference; this kernel does the same FP32 operations in the
 same order in one pass over memory (compiled with ``-fno-fast-math -ffp-contract=off``) and is checked bit for
@@ -24,10 +24,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "load", "quantize_blocks", "combine_slices", "CompileError"]
+__all__ = ["available", "load", "quantize_blocks", "probe_gemm", "CompileError"]
 
 SOURCES = ("block_quantize.c", "accumulate.c")
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off", "-std=c99"]
+# -march=native: the library is built on the machine that runs it (the cache key includes the CPU); exactness
+# holds because FP contraction is off and fast-math is never on.
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off", "-std=c99"]
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
 _RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2}
@@ -39,6 +41,17 @@ class CompileError(RuntimeError):
 
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _cpu_identity() -> bytes:
+    """Model and feature flags of this CPU (a -march=native build is only valid on the same kind)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        import platform
+
+        info = platform.processor() + platform.machine()
+    return "\n".join(line for line in info.splitlines() if line.startswith(("model name", "flags"))).encode()
 
 
 def _cache_dir() -> Path:
@@ -56,7 +69,7 @@ def load() -> ctypes.CDLL:
     if compiler is None:
         raise CompileError("no C compiler found (set CC or install gcc); use backend='torch'")
     sources = {name: resources.files("ue5m3").joinpath(f"csrc/{name}").read_bytes() for name in SOURCES}
-    key = hashlib.sha256(b"".join(sources.values()) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(sources.values()) + " ".join(FLAGS).encode() + _cpu_identity()).hexdigest()[:16]
     target = _cache_dir() / f"ue5m3_kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,9 +90,9 @@ def load() -> ctypes.CDLL:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p, p, p, p, p, p, p]
     fn.restype = None
-    combine = lib.ue5m3_combine_slices
-    combine.argtypes = [p, i64, i64, i32, p]
-    combine.restype = None
+    probe = lib.ue5m3_probe_gemm
+    probe.argtypes = [p, p, i64, i64, i64, i64, i32, p]
+    probe.restype = ctypes.c_int
     return lib
 
 
@@ -150,17 +163,16 @@ def quantize_blocks(
     return {"payload": payload, "dequantized": dequant, "flags": flags, **per_block}
 
 
-def combine_slices(partials: torch.Tensor, acc: torch.Tensor, *, rtz: bool) -> torch.Tensor:
-    """In place: acc (+)= float(partials[s]) for each slice s in order (RTZ or RNE FP32 additions).
+def probe_gemm(enc_a: torch.Tensor, enc_b: torch.Tensor, *, width: int, rtz: bool) -> torch.Tensor:
+    """Slice-wise GEMM of FP64 encoded operands whose slice sums are exact in FP64 (caller-checked).
 
-    Args:
-        partials: FP64 [slices, ...] exact slice sums (converted to FP32 with RNE inside).
-        acc: FP32 accumulator shaped like ``partials[0]``, contiguous CPU.
+    Returns the FP32 accumulator [M, N]: each slice sum rounded once to FP32, combined in K order.
     """
-    if partials.dtype != torch.float64 or acc.dtype != torch.float32 or partials.shape[1:] != acc.shape:
-        raise ValueError("combine_slices takes FP64 partials [slices, ...] and an FP32 accumulator [...]")
-    if not acc.is_contiguous():
-        raise ValueError("the accumulator must be contiguous")
-    partials = partials.contiguous()
-    load().ue5m3_combine_slices(partials.data_ptr(), partials.shape[0], acc.numel(), int(rtz), acc.data_ptr())
-    return acc
+    if enc_a.dtype != torch.float64 or enc_b.dtype != torch.float64 or enc_a.shape[1] != enc_b.shape[0]:
+        raise ValueError("probe_gemm takes FP64 operands A [M, K] and B [K, N]")
+    enc_a, enc_b = enc_a.contiguous(), enc_b.contiguous()
+    (m, k), n = enc_a.shape, enc_b.shape[1]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if load().ue5m3_probe_gemm(enc_a.data_ptr(), enc_b.data_ptr(), m, n, k, width, int(rtz), out.data_ptr()):
+        raise MemoryError("probe_gemm could not allocate its packed copy of B")
+    return out

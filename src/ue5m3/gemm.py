@@ -190,12 +190,29 @@ def _block_partials(a2: torch.Tensor, sa: torch.Tensor, b2: torch.Tensor, sb: to
     return sums * scale_a[:, :, None] * scale_b[:, None, :] * 0.25  # exact: <= 13 + 8 bits
 
 
+def _take(
+    ops: dict[str, torch.Tensor], rows: torch.Tensor | None, cols: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """The operands restricted to some output rows (A side) and/or columns (B side)."""
+    out = dict(ops)
+    if rows is not None:
+        out.update({key: ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a")})
+    if cols is not None:
+        out.update({key: ops[key][:, cols] for key in ("b2", "sb", "enc_b", "span_b")})
+    return out
+
+
+def _snap(acc: torch.Tensor, final_grid: int | None) -> torch.Tensor:
+    # torch.round is half-to-even; multiplying and dividing by a power of two is exact.
+    return acc if final_grid is None else torch.round(acc * final_grid) / final_grid
+
+
 def _probe_matched_rows(
-    rows: slice, ops: dict[str, torch.Tensor], block: int, width: int, rounding: Rounding, final_grid: int | None
+    ops: dict[str, torch.Tensor], block: int, width: int, rounding: Rounding, final_grid: int | None
 ) -> torch.Tensor:
-    """probe_matched for a band of output rows: slice sums rounded once to FP32, combined in K order."""
-    a2, sa, enc_a, span_a = (ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a"))
-    b2, sb, enc_b, span_b = ops["b2"], ops["sb"], ops["enc_b"], ops["span_b"]
+    """probe_matched through torch ops for (a subset of) the outputs, exact for any exponent spans."""
+    a2, sa, enc_a, span_a = (ops[key] for key in ("a2", "sa", "enc_a", "span_a"))
+    b2, sb, enc_b, span_b = (ops[key] for key in ("b2", "sb", "enc_b", "span_b"))
     m, k = enc_a.shape
     n, slices = enc_b.shape[1], k // width
     # [M, K] -> [S, M, width] @ [S, width, N] -> [S, M, N]: exact FP64 slice sums wherever the spans allow
@@ -214,14 +231,10 @@ def _probe_matched_rows(
             parts = _block_partials(a2[:, cols], sa[:, cols], b2[cols][:, bad_cols], sb[cols][:, bad_cols], block)
             partials[j][:, bad_cols] = _exact_sum_to_fp32(parts).to(torch.float64)
     acc = torch.zeros(m, n, dtype=torch.float32)
-    if cpu_kernel.available():
-        cpu_kernel.combine_slices(partials, acc, rtz=rounding is Rounding.RTZ)  # the same operations, fused
-    else:
-        for partial in partials:
-            p32 = partial.to(torch.float32)  # the one RNE rounding of the exact slice sum
-            acc = add_rtz(acc, p32) if rounding is Rounding.RTZ else acc + p32
-    # torch.round is half-to-even; multiplying and dividing by a power of two is exact.
-    return acc if final_grid is None else torch.round(acc * final_grid) / final_grid
+    for partial in partials:
+        p32 = partial.to(torch.float32)  # the one RNE rounding of the exact slice sum
+        acc = add_rtz(acc, p32) if rounding is Rounding.RTZ else acc + p32
+    return _snap(acc, final_grid)
 
 
 def _mma_sim_tile(a2, sa, b2, sb, block, width) -> torch.Tensor:
@@ -304,8 +317,28 @@ def matmul(
         "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, slices, dim=1),
         "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, slices, dim=0),
     }
+    guard = math.ceil(math.log2(slice_width))
+    row_budget = (53 - guard) // 2
+    bad_rows = torch.nonzero((ops["span_a"] > row_budget).any(1)).flatten()
+    bad_cols = torch.nonzero((ops["span_b"] > 53 - guard - row_budget).any(0)).flatten()
+    if cpu_kernel.available():
+        # Fused slice-wise GEMM (bit-identical to the path below where FP64 slice sums are exact); outputs
+        # touching an inexact slice are then recomputed through the exact path.
+        out = cpu_kernel.probe_gemm(
+            ops["enc_a"], ops["enc_b"], width=slice_width, rtz=cross_slice_rounding is Rounding.RTZ
+        )
+        out = _snap(out, final_grid)
+        if bad_rows.numel():
+            out[bad_rows] = _probe_matched_rows(
+                _take(ops, bad_rows, None), block, slice_width, cross_slice_rounding, final_grid
+            )
+        if bad_cols.numel():
+            out[:, bad_cols] = _probe_matched_rows(
+                _take(ops, None, bad_cols), block, slice_width, cross_slice_rounding, final_grid
+            )
+        return out * scale
     rows_per_tile = max(1, tile_elements // max(n * slices, 1))
     for r0 in range(0, m, rows_per_tile):
-        rows = slice(r0, min(m, r0 + rows_per_tile))
-        out[rows] = _probe_matched_rows(rows, ops, block, slice_width, cross_slice_rounding, final_grid)
+        rows = torch.arange(r0, min(m, r0 + rows_per_tile))
+        out[rows] = _probe_matched_rows(_take(ops, rows, None), block, slice_width, cross_slice_rounding, final_grid)
     return out * scale
