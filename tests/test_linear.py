@@ -231,3 +231,21 @@ def test_every_quantized_recipe_trains_a_step_with_finite_gradients(name):
     loss = model(torch.randn(64, 64)).square().mean()
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_quant_stats_count_zero_rounded_and_saturated_blocks_across_the_model():
+    from ue5m3.linear import find_quant_stats
+
+    layer, _ = _layer()  # UE5M3 B16, D = 50: references are held between refreshes
+    stats, state = find_quant_stats(layer), find_scale_state(layer)
+    state.begin_step(1)
+    with torch.no_grad():
+        layer(torch.zeros(64, 64))  # every activation block of the first step rounds its scale to zero
+    first = stats.pop()
+    assert (
+        first["zero_rounded_blocks"] == 64 * 64 // 16 and first["quantized_blocks"] == 64 * 64 // 16 + 64 * 128 // 256
+    )
+    state.begin_step(2)  # reference held at 0 -> G = 1; a huge activation now saturates its blocks
+    with torch.no_grad():
+        layer(torch.full((64, 64), 1e6))
+    assert stats.pop()["saturated_blocks"] == 64 * 64 // 16

@@ -38,6 +38,8 @@ __all__ = [
     "ConversionRecord",
     "convert",
     "find_scale_state",
+    "find_quant_stats",
+    "QuantStats",
     "layer_index",
     "quantize_operand",
     "run_gemm",
@@ -104,12 +106,50 @@ def _wgrad_operand(t_by_tokens: torch.Tensor, spec: OperandSpec) -> tuple[torch.
     return hadamard.rht(t_by_tokens, out_dtype=torch.bfloat16).to(torch.float32), True
 
 
+class QuantStats:
+    """Running totals of block-scale diagnostics over every operand a model quantized (reset by the reader).
+
+    Counts blocks whose scale rounded to zero before repair and blocks whose ideal scale saturated the scale
+    format; kept as tensors so reading them is the only synchronisation.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.zero_rounded = torch.zeros((), dtype=torch.int64)
+        self.saturated = torch.zeros((), dtype=torch.int64)
+        self.blocks = 0
+
+    def add(self, q: QuantizedTensor) -> QuantizedTensor:
+        self.zero_rounded = self.zero_rounded + q.zero_rounded_blocks.cpu()
+        self.saturated = self.saturated + q.saturated_blocks.cpu()
+        self.blocks += q.scale_values.numel()
+        return q
+
+    def pop(self) -> dict[str, int]:
+        """The totals since the last pop, as ints; resets the counters."""
+        out = {
+            "zero_rounded_blocks": int(self.zero_rounded),
+            "saturated_blocks": int(self.saturated),
+            "quantized_blocks": self.blocks,
+        }
+        self.reset()
+        return out
+
+
 class FP4Matmul(torch.autograd.Function):
     """Y = X W^T with FP4 operands; backward computes dgrad and wgrad with their own quantizations."""
 
     @staticmethod
     def forward(
-        ctx, x: torch.Tensor, weight: torch.Tensor, policy: LinearPolicy, state: ScaleState | None, stochastic: bool
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        policy: LinearPolicy,
+        state: ScaleState | None,
+        stats: QuantStats,
+        stochastic: bool,
     ) -> torch.Tensor:
         ops, name = policy.operands, policy.module
         ref_x = state.reference(OperandRole.ACTIVATION, name, x) if state is not None else None
@@ -121,9 +161,10 @@ class FP4Matmul(torch.autograd.Function):
         wt_q = quantize_operand(
             weight.t(), ops[Operand.FPROP_WEIGHT], policy.scheme, axis=0, reference=ref_w, name=f"{name}.fprop.w"
         )
+        stats.add(x_q), stats.add(wt_q)
         y = run_gemm(x_q, wt_q, policy.gemm)  # [T, out] FP32
         ctx.save_for_backward(x, weight)
-        ctx.policy, ctx.state, ctx.refs, ctx.stochastic = policy, state, (ref_x, ref_w), stochastic
+        ctx.policy, ctx.state, ctx.stats, ctx.refs, ctx.stochastic = policy, state, stats, (ref_x, ref_w), stochastic
         return y
 
     @staticmethod
@@ -171,9 +212,11 @@ class FP4Matmul(torch.autograd.Function):
             name=f"{name}.wgrad.x",
         )
 
+        for q in (dy_q, dyt_q, w_q, x_q):
+            ctx.stats.add(q)
         grad_x = run_gemm(dy_q, w_q, policy.gemm)  # dgrad: [T, out] @ [out, in] -> [T, in]
         grad_w = run_gemm(dyt_q, x_q, policy.gemm)  # wgrad: [out, T] @ [T, in] -> [out, in]
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None, None
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None, None, None
 
 
 class QuantLinear(nn.Module):
@@ -189,6 +232,7 @@ class QuantLinear(nn.Module):
         out_features: int,
         policy: LinearPolicy,
         scale_state: ScaleState | None,
+        stats: QuantStats | None = None,
         *,
         device: torch.device | str | None = None,
     ) -> None:
@@ -198,12 +242,15 @@ class QuantLinear(nn.Module):
         self.bias: nn.Parameter | None = None
         self.policy = policy
         self.scale_state = scale_state
+        self.stats = stats if stats is not None else QuantStats()
         self.inference = False
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, policy: LinearPolicy, scale_state: ScaleState | None) -> QuantLinear:
+    def from_float(
+        cls, linear: nn.Linear, policy: LinearPolicy, scale_state: ScaleState | None, stats: QuantStats | None = None
+    ) -> QuantLinear:
         """Build a shell on the meta device and attach the original Parameter objects."""
-        module = cls(linear.in_features, linear.out_features, policy, scale_state, device="meta")
+        module = cls(linear.in_features, linear.out_features, policy, scale_state, stats, device="meta")
         module.weight = linear.weight
         module.bias = linear.bias
         return module
@@ -215,7 +262,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (..., in) -> (T, in)
         x2d = x.reshape(-1, self.in_features)
-        y = FP4Matmul.apply(x2d.to(torch.float32), self.weight, self.policy, self.scale_state, not self.inference)
+        y = FP4Matmul.apply(
+            x2d.to(torch.float32), self.weight, self.policy, self.scale_state, self.stats, not self.inference
+        )
         if self.bias is not None:
             y = y + self.bias.to(torch.float32)
         # (T, out) -> (..., out), in the input's dtype (BF16 activations on the GPU path)
@@ -298,6 +347,7 @@ def convert(
     state = scale_state or find_scale_state(model)
     if state is None and recipe.gemm.model is not GemmModel.BF16:
         state = ScaleState(recipe.interval)
+    stats = find_quant_stats(model) or QuantStats()
     records = []
     for name, module in chosen:
         layer = layer_index(name)
@@ -324,7 +374,7 @@ def convert(
                 operands=recipe.operand_specs(name, layer),
                 gemm=recipe.gemm,
             )
-            _set_submodule(model, name, QuantLinear.from_float(module, policy, state))
+            _set_submodule(model, name, QuantLinear.from_float(module, policy, state, stats))
     return tuple(records)
 
 
@@ -340,3 +390,9 @@ def find_scale_state(model: nn.Module) -> ScaleState | None:
     if len(states) > 1:
         raise ValueError("the model's FP4 linears use different scale states; convert with one shared state")
     return next(iter(states.values()), None)
+
+
+def find_quant_stats(model: nn.Module) -> QuantStats | None:
+    """The QuantStats shared by the model's QuantLinear modules (None if none are converted)."""
+    found = {id(m.stats): m.stats for m in model.modules() if isinstance(m, QuantLinear)}
+    return next(iter(found.values()), None)
