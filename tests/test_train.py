@@ -68,7 +68,7 @@ def test_schedule_is_constant_then_decays_linearly_over_the_final_15_percent_to_
     lrs = [train.lr_at(s, 100, optim) for s in range(1, 101)]
     assert lrs[:85] == [1.0] * 85
     assert lrs[-1] == pytest.approx(0.01)
-    assert all(a > b for a, b in zip(lrs[85:], lrs[86:]))
+    assert all(a > b for a, b in zip(lrs[85:], lrs[86:], strict=False))
     warm = OptimConfig(lr=1.0, warmup_steps=4)
     assert [train.lr_at(s, 100, warm) for s in (1, 2, 4, 5)] == [0.25, 0.5, 1.0, 1.0]
 
@@ -172,7 +172,8 @@ def test_bf16_recipe_trains_without_fp4_modules(tmp_path):
 def test_config_rejects_unknown_and_missing_keys_naming_them(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(
-        "run_dir: x\nmodel: dense_debug\nrecipe: bf16\nseed: 1\nsteps: 2\nmicro_batch: 1\naccumulation: 1\ndata: {}\nbogus: 1\n"
+        "run_dir: x\nmodel: dense_debug\nrecipe: bf16\nseed: 1\nsteps: 2\nmicro_batch: 1\naccumulation: 1\n"
+        "data: {}\nbogus: 1\n"
     )
     with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
         TrainConfig.from_yaml(path)
