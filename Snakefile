@@ -11,6 +11,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/range_analysis.smk"
+include: "workflow/rules/accumulation.smk"
 
 
 rule all:

@@ -27,6 +27,34 @@ def _range_analysis(args: argparse.Namespace) -> int:
     return 0
 
 
+def _accumulation_stats(args: argparse.Namespace) -> int:
+    from . import accumulation
+
+    config = accumulation.AccumulationConfig(
+        seed=args.seed,
+        slice_width=args.slice_width,
+        grid=args.grid,
+        dots=args.dots,
+        k=args.k,
+        distributions=tuple(args.distributions),
+        operands=tuple(args.operands),
+        gain_rho=args.gain_rho,
+        regression_examples=args.regression_examples,
+        regression_features=args.regression_features,
+        cancellation_trials=args.cancellation_trials,
+        cancellation_partials=args.cancellation_partials,
+        cancellation_scales=tuple(args.cancellation_scales),
+        sigmas=tuple(args.sigmas),
+        sweep_sigma=args.sweep_sigma,
+        sweep_scale=args.sweep_scale,
+        sweep_grids=tuple(args.sweep_grids),
+    )
+    paths = accumulation.run(config, args.out_dir)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def _formats(args: argparse.Namespace) -> int:
     from . import formats
 
@@ -81,6 +109,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out-dir", required=True, help="directory for the tables")
     verbs["range-analysis"] = _range_analysis
+
+    p = sub.add_parser(
+        "accumulation-stats",
+        help="RTZ bias, regression gradients, near cancellation and the final grid of FP32 accumulation",
+        description="Write rtz_bias.csv, regression.csv, cancellation.csv, grid_sweep.csv and provenance.json "
+        "(paper appendix C; gemm spec section 4). Defaults: the paper's settings at CPU scale (1,024 dot products).",
+    )
+    p.add_argument("--seed", type=int, default=20260721, help="seed of every random draw")
+    p.add_argument("--slice-width", type=int, default=64, help="K-slice width rounded once to FP32")
+    p.add_argument("--grid", type=int, default=1024, help="lattice denominator d of the gridded variants (1/d)")
+    p.add_argument("--dots", type=int, default=1024, help="dot products per RTZ-bias cell")
+    p.add_argument("--k", type=int, default=4096, help="length K of the RTZ-bias dot products")
+    p.add_argument(
+        "--distributions",
+        nargs="+",
+        default=["gaussian", "gaussian_sigma32", "laplace", "student_t3", "contaminated_gaussian_1pct"],
+        help="operand distributions of the RTZ-bias experiment",
+    )
+    p.add_argument(
+        "--operands",
+        nargs="+",
+        default=["bf16", "nvfp4", "nvfp4_dequantized"],
+        help="operand formats: bf16, nvfp4 (encoded values, as the GEMM sees them), nvfp4_dequantized",
+    )
+    p.add_argument("--gain-rho", type=float, default=0.25, help="operand correlation of the gain-error measurement")
+    p.add_argument("--regression-examples", type=int, default=2048, help="batch size of the regression probe")
+    p.add_argument("--regression-features", type=int, default=2048, help="features of the regression probe")
+    p.add_argument("--cancellation-trials", type=int, default=4096, help="trials of the near-cancellation runs")
+    p.add_argument("--cancellation-partials", type=int, default=64, help="partials per trial (even)")
+    p.add_argument(
+        "--cancellation-scales", type=_positive_float, nargs="+", default=[1.0, 32.0], help="scales of the partials"
+    )
+    p.add_argument(
+        "--sigmas",
+        type=float,
+        nargs="+",
+        default=[0.0, 2**-13, 2**-12, 2**-11, 2**-10, 2**-9],
+        help="standard deviations of the residual added to the last partial",
+    )
+    p.add_argument("--sweep-sigma", type=_positive_float, default=2**-12, help="residual sigma of the grid sweep")
+    p.add_argument("--sweep-scale", type=_positive_float, default=1.0, help="partial scale of the grid sweep")
+    p.add_argument(
+        "--sweep-grids",
+        type=int,
+        nargs="+",
+        default=[256, 512, 1024, 2048, 4096],
+        help="grid denominators of the sweep (the unsnapped output is always included)",
+    )
+    p.add_argument("--out-dir", required=True, help="directory for the tables")
+    verbs["accumulation-stats"] = _accumulation_stats
 
     p = sub.add_parser(
         "formats",

@@ -171,7 +171,7 @@ class FloatFormat:
     def exact_value(self, code: int) -> Fraction:
         """Exact rational value of one code, independent of the tensor path (test oracle)."""
         magnitude = code & (self._sign_bit - 1) if self.signed else code
-        if magnitude > self.max_magnitude_code:
+        if not 0 <= code < (1 << self.bits) or magnitude > self.max_magnitude_code:
             raise ValueError(f"code {code!r} of {self.name} is not finite")
         exponent_field, fraction = divmod(magnitude, 1 << self.mantissa_bits)
         if self.subnormals and exponent_field == 0:
@@ -266,16 +266,15 @@ def random_bits_for(
 
 
 def _round_up_mask(
-    delta: torch.Tensor, lower: torch.Tensor, mode: Rounding, random_bits: torch.Tensor | None
+    delta: torch.Tensor, lower_code_odd: torch.Tensor, mode: Rounding, random_bits: torch.Tensor | None
 ) -> torch.Tensor:
-    """Where to round away from zero, given delta = s - floor(s) in [0, 1) and lower = floor(s).
+    """Where to round away from zero, given delta = s - floor(s) in [0, 1) and the parity of the lower code.
 
     Every comparison is exact: thresholds are dyadic rationals compared against the exact FP32/FP64 delta,
     so no addition can round (the spec's "delta + (2r+1)/512 >= 1" is evaluated as delta >= (511 - 2r)/512).
     """
     if mode is Rounding.RNE:
-        odd = torch.remainder(lower, 2) == 1
-        return (delta > 0.5) | ((delta == 0.5) & odd)
+        return (delta > 0.5) | ((delta == 0.5) & lower_code_odd)
     if mode is Rounding.RTZ:
         return torch.zeros_like(delta, dtype=torch.bool)
     assert random_bits is not None
@@ -327,7 +326,11 @@ def _round_magnitude(
     s = torch.ldexp(m, -quantum_exponent)  # exact: a power-of-two scaling into [0, 2^(mantissa_bits + 1))
     lower = torch.floor(s)
     delta = s - lower  # exact
-    up = _round_up_mask(delta, lower, mode, random_bits)
+    if fmt.mantissa_bits:
+        odd = torch.remainder(lower, 2) == 1  # the integer significand's last bit is the code's last bit
+    else:
+        odd = torch.remainder(e + fmt.bias, 2) == 1  # no fraction bits: the code is the exponent field
+    up = _round_up_mask(delta, odd, mode, random_bits)
     rounded = lower + up.to(lower.dtype)
     value = torch.ldexp(rounded, quantum_exponent)
     if not fmt.has_zero:
@@ -429,7 +432,9 @@ def decode(codes: torch.Tensor, fmt: FloatFormat | str, *, dtype: torch.dtype = 
         magnitude, negative = codes & (fmt._sign_bit - 1), (codes & fmt._sign_bit) != 0
     else:
         magnitude, negative = codes, None
-    if codes.numel() and (int(codes.min()) < 0 or int(magnitude.max()) > fmt.max_magnitude_code):
+    if codes.numel() and (
+        int(codes.min()) < 0 or int(codes.max()) >= (1 << fmt.bits) or int(magnitude.max()) > fmt.max_magnitude_code
+    ):
         raise ValueError(
             f"codes outside the finite range of {fmt.name!r} (max magnitude code {fmt.max_magnitude_code})"
         )

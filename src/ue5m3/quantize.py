@@ -34,6 +34,7 @@ from .formats import E2M1, E4M3, UE5M3, UE8M0, FloatFormat, Rounding
 __all__ = [
     "ScaleRule",
     "ScaleOrder",
+    "DequantizeOrder",
     "BlockScheme",
     "SCHEMES",
     "get_scheme",
@@ -57,6 +58,13 @@ class ScaleRule(StrEnum):
     MX_ROUND_LOG2 = "mx_round_log2"
 
 
+class DequantizeOrder(StrEnum):
+    """FP32 order of dequantization (they differ in the last bit for about a sixth of elements)."""
+
+    DECODE_SCALE = "decode_scale"  # payload * S with S = scale * (1/G): the paper's UE5M3 quantizer
+    TE_AMAX = "te_amax"  # ((payload * scale) * g) / (T * F): how Transformer Engine's NVFP4 tests dequantize
+
+
 class ScaleOrder(StrEnum):
     """FP32 operation order of the ideal tensor-scaled block scale (they differ at scale-format midpoints)."""
 
@@ -78,6 +86,7 @@ class BlockScheme:
         scale_rule: see :class:`ScaleRule`.
         scale_order: see :class:`ScaleOrder` (tensor-scaled rules only).
         zero_scale_repair: replace block scales that round to zero by 1.0 (the paper's UE5M3 rule).
+        dequantize_order: see :class:`DequantizeOrder`.
     """
 
     name: str
@@ -88,12 +97,14 @@ class BlockScheme:
     scale_rule: ScaleRule = ScaleRule.TENSOR_SCALED
     scale_order: ScaleOrder = ScaleOrder.TE
     zero_scale_repair: bool = False
+    dequantize_order: DequantizeOrder = DequantizeOrder.DECODE_SCALE
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"scheme {self.name!r}: block_size must be a positive int, got {self.block_size!r}")
         object.__setattr__(self, "scale_rule", ScaleRule(self.scale_rule))
         object.__setattr__(self, "scale_order", ScaleOrder(self.scale_order))
+        object.__setattr__(self, "dequantize_order", DequantizeOrder(self.dequantize_order))
         needs_target = self.scale_rule in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2)
         if needs_target:
             if self.target is None or isinstance(self.target, bool):
@@ -113,7 +124,9 @@ class BlockScheme:
 SCHEMES: dict[str, BlockScheme] = {
     "ue5m3_b16": BlockScheme(name="ue5m3_b16", scale=UE5M3, block_size=16, target=448.0, zero_scale_repair=True),
     "ue5m3_b32": BlockScheme(name="ue5m3_b32", scale=UE5M3, block_size=32, target=448.0, zero_scale_repair=True),
-    "nvfp4": BlockScheme(name="nvfp4", scale=E4M3, block_size=16, target=448.0),
+    "nvfp4": BlockScheme(
+        name="nvfp4", scale=E4M3, block_size=16, target=448.0, dequantize_order=DequantizeOrder.TE_AMAX
+    ),
     "mxfp4": BlockScheme(name="mxfp4", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_FLOOR),
 }
 
@@ -244,7 +257,12 @@ class QuantizedTensor:
         return self.layout.scales_from_blocks(self.decode_scales_blocks)
 
     def dequantize(self) -> torch.Tensor:
-        """FP32 values payload * S, shaped like the input."""
+        """FP32 values payload * S (or TE's (payload * s) * amax/(T*F) for NVFP4), shaped like the input."""
+        scheme = self.scheme
+        if scheme.dequantize_order is DequantizeOrder.TE_AMAX and scheme.scale_rule is ScaleRule.TENSOR_SCALED:
+            target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite
+            # left to right in FP32, as TE's tests write it: payload * s * amax / (T * F)
+            return self.layout.from_blocks(self.payload_blocks * self.scale_values * self.tensor_amax / target_f)
         return self.layout.from_blocks(self.payload_blocks * self.decode_scales_blocks)
 
     def encoded(self) -> torch.Tensor:
@@ -406,7 +424,7 @@ def quantize(
     if use_native or tensor_amax is not None:
         # One pass for finiteness (and the current amax): aminmax propagates NaN and Inf.
         low, high = torch.aminmax(x) if x.numel() else (torch.zeros(()), torch.zeros(()))
-        current = torch.maximum(-low, high)
+        current = torch.maximum(-low, high).abs()  # abs: an all-zero tensor's amax is +0.0, as on the torch path
         if not bool(torch.isfinite(current)):
             formats.check_finite(x, name)
     if tensor_amax is None:

@@ -31,4 +31,4 @@ def log_path(*parts):
 
 def all_figures():
     """Every final figure: the inputs of `rule all`. Add each new figure rule here."""
-    return [*rules.range_figures.output]
+    return [*rules.range_figures.output, *rules.accumulation_figures.output]

@@ -94,12 +94,12 @@ int ue5m3_probe_gemm(const double *a, const double *b, int64_t m, int64_t n, int
     int64_t panels = (n + NR - 1) / NR;
     double *packed = (double *)calloc((size_t)(panels * k * NR), sizeof(double));
     if (!packed) return 1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (panels * k >= 65536)
     for (int64_t p = 0; p < panels; ++p)
         for (int64_t kk = 0; kk < k; ++kk)
             for (int64_t t = 0; t < NR && p * NR + t < n; ++t) packed[(p * k + kk) * NR + t] = b[kk * n + p * NR + t];
     int64_t bands = (m + MB - 1) / MB;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (bands > 1)
     for (int64_t band = 0; band < bands; ++band) {
         int64_t i_end = (band + 1) * MB < m ? (band + 1) * MB : m;
         for (int64_t p = 0; p < panels; ++p) {

@@ -56,7 +56,7 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule,
     const float element_max = 6.0f;
     const float inv_f = 1.0f / 6.0f; /* the FP32 constant 1/F */
     const float fp32_max = 3.4028234663852886e38f;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (nblocks >= 2048)
     for (int64_t b = 0; b < nblocks; ++b) {
         const float *xb = x + b * L;
         float amax = 0.0f;

@@ -1,0 +1,144 @@
+"""The data pipeline end to end: prepare the corpus, train (or load) the tokenizer, tokenize, open the loaders.
+
+Layout under ``config.data_dir``::
+
+    corpus/                          prepare_corpus: split JSONL files + manifest.json (SHA-256 of each)
+    tokenizer.json                   the trained byte-level BPE (absent when data.tokenizer_path is given)
+    tokens/<stream>/<split>/         tokenize_to_shards: shard_*.bin/.offsets.npy/.ids.txt + index.json
+
+:func:`build_data` writes all of it; :func:`open_data` reads it back as the training loader and the two fixed
+evaluation sets, after checking that no document id sits in two splits of a stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ue5m3.data.config import DataConfig
+from ue5m3.data.corpus import SPLITS, prepare_corpus, read_split, sha256_file, verify_manifest
+from ue5m3.data.loader import EvalSet, PackedStream, build_eval_set, check_disjoint
+from ue5m3.data.shards import TokenShards, tokenize_to_shards
+from ue5m3.data.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
+
+__all__ = ["DataPaths", "OpenedData", "data_paths", "build_data", "open_data", "open_tokenizer"]
+
+
+@dataclass(frozen=True)
+class DataPaths:
+    """Where :func:`build_data` puts each artefact."""
+
+    corpus: Path
+    tokenizer: Path
+    tokens: Path
+
+    def shards(self, stream: str, split: str) -> Path:
+        """The shard directory of one stream's split."""
+        return self.tokens / stream / split
+
+
+def data_paths(config: DataConfig) -> DataPaths:
+    """The artefact paths of ``config`` (the tokenizer is ``data.tokenizer_path`` when that is set)."""
+    root = Path(config.data_dir)
+    tokenizer = Path(config.tokenizer_path) if config.tokenizer_path else root / "tokenizer.json"
+    return DataPaths(corpus=root / "corpus", tokenizer=tokenizer, tokens=root / "tokens")
+
+
+def open_tokenizer(config: DataConfig) -> TextTokenizer:
+    """The tokenizer of ``config`` with its BOS/EOS tokens and vocabulary size checked."""
+    return load_tokenizer(
+        data_paths(config).tokenizer,
+        bos_token=config.bos_token,
+        eos_token=config.eos_token,
+        vocab_size=config.vocab_size,
+    )
+
+
+def build_data(config: DataConfig) -> dict[str, float]:
+    """Prepare the corpus, train the BPE unless a tokenizer file is given, and tokenize every split.
+
+    Returns:
+        Seconds spent in each step (``prepare``, ``tokenizer``, ``tokenize``).
+    """
+    paths = data_paths(config)
+    seconds = {}
+    start = time.perf_counter()
+    prepare_corpus(config, paths.corpus)
+    manifest_sha256 = sha256_file(paths.corpus / "manifest.json")
+    seconds["prepare"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    if config.tokenizer_path is None:
+        texts = (doc.text for stream in config.stream_names for doc in read_split(paths.corpus, stream, "train"))
+        train_tokenizer(texts, config.vocab_size, paths.tokenizer)
+    tokenizer = open_tokenizer(config)
+    seconds["tokenizer"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for stream in config.stream_names:
+        for split in SPLITS:
+            tokenize_to_shards(
+                read_split(paths.corpus, stream, split),
+                tokenizer,
+                paths.shards(stream, split),
+                shard_tokens=config.shard_tokens,
+                metadata={"stream": stream, "split": split, "corpus_manifest_sha256": manifest_sha256},
+            )
+    seconds["tokenize"] = time.perf_counter() - start
+    return seconds
+
+
+@dataclass(frozen=True)
+class OpenedData:
+    """The training loader of this rank and the fixed validation and calibration sets."""
+
+    train: PackedStream
+    validation: EvalSet
+    calibration: EvalSet
+
+
+def open_data(config: DataConfig, *, rank: int = 0, world_size: int = 1, verify: bool = True) -> OpenedData:
+    """Open the token shards written by :func:`build_data`.
+
+    Args:
+        config: the data section.
+        rank, world_size: this process's slice of every global training batch.
+        verify: re-check the corpus manifest and every shard's SHA-256 first (milliseconds at CPU scale; it
+            reads every token once, so pass False for terabyte-scale shards that were verified after building).
+
+    Raises:
+        ValueError: a document id in two splits of a stream, a modified file, or held-out splits too small.
+    """
+    paths = data_paths(config)
+    if verify:
+        verify_manifest(paths.corpus)
+    shards = {(s, split): TokenShards(paths.shards(s, split)) for s in config.stream_names for split in SPLITS}
+    for stream in config.stream_names:
+        if verify:
+            for split in SPLITS:
+                shards[stream, split].verify()
+        check_disjoint({split: shards[stream, split].ids for split in SPLITS})
+    train = PackedStream(
+        [shards[s, "train"] for s in config.stream_names],
+        sequence_length=config.sequence_length,
+        mix=config.mix,
+        mix_unit=config.mix_unit,
+        seed=config.seed,
+        shuffle=config.shuffle,
+        rank=rank,
+        world_size=world_size,
+    )
+    held_out = {
+        name: build_eval_set(
+            [shards[s, name] for s in config.stream_names],
+            name=name,
+            sequence_length=config.sequence_length,
+            count=getattr(config, f"{name}_windows"),
+            mix=config.mix,
+            mix_unit=config.mix_unit,
+        )
+        for name in ("validation", "calibration")
+    }
+    check_disjoint({name: held_out[name].document_ids for name in held_out})
+    return OpenedData(train=train, **held_out)

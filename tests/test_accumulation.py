@@ -1,0 +1,257 @@
+"""Accumulation statistics (paper appendix C): exact sums and variants against rational oracles, and the
+paper's qualitative claims (RTZ contracts by about 1 ppm, RNE does not; the grid zeroes exact cancellation)."""
+
+import json
+import math
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from ue5m3 import accumulation, cli
+from ue5m3.accumulation import AccumulationConfig, Variant
+
+TINY = {
+    "dots": 8,
+    "k": 128,
+    "distributions": ("gaussian", "student_t3"),
+    "regression_examples": 64,
+    "regression_features": 64,
+    "cancellation_trials": 32,
+    "cancellation_partials": 8,
+    "sigmas": (0.0, 2.0**-12),
+    "sweep_grids": (512, 1024),
+}
+
+
+def _fp32(value: Fraction, mode: str = "rne") -> Fraction:
+    """Round an exact rational to FP32 (nearest-even or toward zero), from the FP32 neighbours of a guess."""
+    if value == 0:
+        return Fraction(0)
+    guess = np.float32(float(value))
+    candidates = sorted(
+        {Fraction(float(c)) for c in (np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.inf))}
+    )
+    below = max(c for c in candidates if c <= value)
+    above = min(c for c in candidates if c >= value)
+    if below == above:
+        return below
+    if mode == "rtz":
+        return below if value > 0 else above
+    if value - below != above - value:
+        return below if value - below < above - value else above
+    return below if int(np.float32(float(below)).view(np.int32)) % 2 == 0 else above
+
+
+def _snap(value: Fraction, grid: int | None) -> Fraction:
+    return value if grid is None else Fraction(round(value * grid), grid)  # round(): ties to even
+
+
+def _random_terms(rng: random.Random, n: int) -> list[float]:
+    """FP64 terms with exponents from subnormal to huge, zeros, and exact cancellations."""
+    terms = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.1:
+            terms.append(0.0)
+        elif kind < 0.2:
+            terms.append(rng.choice([-1, 1]) * rng.randint(1, 2**20) * 2.0**-1074)  # subnormal
+        else:
+            terms.append(
+                math.ldexp(rng.uniform(-1, 1), rng.randint(-1000, 1000) if kind < 0.4 else rng.randint(-60, 60))
+            )
+    terms += [-t for t in terms[: rng.randint(0, n)]]
+    rng.shuffle(terms)
+    return terms
+
+
+# ----- exact sums -----------------------------------------------------------------------------------------
+
+
+def test_exact_sum_equals_math_fsum_and_the_fp32_rounding_of_the_rational_sum():
+    rng = random.Random(7)
+    for _ in range(300):
+        terms = _random_terms(rng, rng.randint(1, 24))
+        exact = sum(map(Fraction, terms), Fraction(0))
+        t = torch.tensor(terms, dtype=torch.float64)
+        assert float(accumulation.exact_sum(t)) == math.fsum(terms)
+        if abs(exact) < 2**127:
+            assert Fraction(float(accumulation.exact_sum(t, dtype=torch.float32))) == _fp32(exact)
+
+
+def test_exact_sum_survives_cancellation_that_fp64_summation_gets_wrong():
+    terms = torch.tensor([[2.0**60, 1.0, -(2.0**60), 2.0**-60], [1e300, 1e-300, -1e300, 0.0]], dtype=torch.float64)
+    assert accumulation.exact_sum(terms).tolist() == [1.0 + 2.0**-60, 1e-300]
+    assert terms.sum(-1).tolist() != [1.0 + 2.0**-60, 1e-300]
+
+
+def test_exact_sum_rejects_non_fp64_and_non_finite_terms():
+    with pytest.raises(TypeError, match="FP64"):
+        accumulation.exact_sum(torch.ones(4))
+    with pytest.raises(ValueError, match="finite"):
+        accumulation.exact_sum(torch.tensor([1.0, math.inf], dtype=torch.float64))
+
+
+def test_slice_partials_round_each_exact_slice_sum_once_and_total_the_exact_sum():
+    rng = random.Random(3)
+    rows = [[math.ldexp(rng.uniform(-1, 1), rng.randint(-40, 40)) for _ in range(12)] for _ in range(5)]
+    p, exact = accumulation.slice_partials(torch.tensor(rows, dtype=torch.float64), width=4)
+    for row, p_row, total in zip(rows, p.tolist(), exact.tolist(), strict=True):
+        slices = [sum(map(Fraction, row[j : j + 4]), Fraction(0)) for j in range(0, 12, 4)]
+        assert [Fraction(v) for v in p_row] == [_fp32(s) for s in slices]
+        assert total == math.fsum(row)
+
+
+def test_dot_with_fp64_operands_is_the_correctly_rounded_exact_dot_product():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 128, generator=g).to(torch.bfloat16).float()
+    b = torch.randn(128, generator=g, dtype=torch.float64) / 3
+    exact, _ = accumulation.dot(a, b)
+    for row, value in zip(a.tolist(), exact.tolist(), strict=True):
+        assert value == float(
+            sum((Fraction(x) * Fraction(y) for x, y in zip(row, b.tolist(), strict=True)), Fraction(0))
+        )
+
+
+# ----- accumulation variants ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=str)
+@pytest.mark.parametrize("grid", [256, 1024, 4096])
+def test_dot_variants_match_a_fractions_reference(variant, grid):
+    g = torch.Generator().manual_seed(grid)
+    a = (torch.randn(16, 256, generator=g) * 4).to(torch.bfloat16).float()
+    b = torch.randn(16, 256, generator=g).to(torch.bfloat16).float()
+    _, out = accumulation.dot(a, b, (variant,), width=64, grid=grid)
+    for row_a, row_b, value in zip(a.tolist(), b.tolist(), out[variant].tolist(), strict=True):
+        products = [Fraction(x) * Fraction(y) for x, y in zip(row_a, row_b, strict=True)]
+        acc = Fraction(0)
+        for j in range(0, 256, 64):
+            acc = _fp32(acc + _fp32(sum(products[j : j + 64], Fraction(0))), variant.rounding.value)
+        assert Fraction(value) == _snap(acc, grid if variant.gridded else None)
+
+
+def test_grid_dead_zone_maps_every_accumulator_within_half_a_step_to_zero():
+    half_step = 2.0**-11  # half of 1/1024: ties go to the even lattice point, 0
+    inside = torch.cat([torch.linspace(-half_step, half_step, 10001), torch.tensor([half_step, -half_step])])
+    assert bool((accumulation.snap(inside, 1024) == 0).all())
+    outside = torch.nextafter(torch.tensor([half_step, -half_step]), torch.tensor([1.0, -1.0]))
+    assert accumulation.snap(outside, 1024).tolist() == [2.0**-10, -(2.0**-10)]
+
+
+def test_exact_cancellation_leaves_an_rne_and_rtz_residue_that_the_grid_maps_to_exactly_zero():
+    g = torch.Generator().manual_seed(20260721)
+    p = accumulation.cancellation_partials(1024, 64, scale=1.0, sigma=0.0, generator=g)
+    assert bool((accumulation.exact_sum(p.double()) == 0).all())
+    rms = {}
+    for variant in Variant:
+        out = accumulation.accumulate(p, rounding=variant.rounding, grid=1024 if variant.gridded else None)
+        rms[variant] = float(out.double().square().mean().sqrt())
+    assert rms[Variant.RNE_GRID] == rms[Variant.RTZ_GRID] == 0.0
+    assert 3e-7 < rms[Variant.RNE] < 1.3e-6  # paper: 6.34e-7
+    assert 3e-6 < rms[Variant.RTZ] < 8e-6  # paper: 5.40e-6
+
+
+def test_accumulate_rejects_bad_rounding_dtype_and_grid():
+    p = torch.ones(2, 4)
+    with pytest.raises(ValueError, match="'sr'"):
+        accumulation.accumulate(p, rounding="sr")
+    with pytest.raises(TypeError, match="FP32"):
+        accumulation.accumulate(p.double(), rounding="rne")
+    with pytest.raises(ValueError, match="1000"):
+        accumulation.accumulate(p, rounding="rne", grid=1000)
+
+
+# ----- statistics -----------------------------------------------------------------------------------------
+
+
+def test_rne_is_unbiased_and_rtz_contracts_gaussian_dot_products_by_about_one_ppm():
+    config = AccumulationConfig(dots=256, distributions=("gaussian",), operands=("bf16",))
+    values = {(r["metric"], r["variant"]): r["value_ppm"] for r in accumulation.rtz_bias(config)}
+    # Standard error at 256 dots is about 0.02 ppm; the paper reports -1.169 (magnitude) and -1.283 (gain).
+    for metric in ("magnitude_bias_ppm", "gain_error_ppm"):
+        assert abs(values[(metric, "rne")]) < 0.1
+        assert -1.6 < values[(metric, "rtz")] < -0.9
+
+
+def test_power_of_two_scaled_operands_give_identical_ungridded_bias():
+    config = AccumulationConfig(dots=16, k=256, distributions=("gaussian", "gaussian_sigma32"), operands=("bf16",))
+    rows = accumulation.rtz_bias(config)
+    by = {(r["distribution"], r["metric"], r["variant"]): r["value_ppm"] for r in rows}
+    for metric in ("magnitude_bias_ppm", "gain_error_ppm"):
+        for variant in ("rne", "rtz"):
+            assert by[("gaussian", metric, variant)] == by[("gaussian_sigma32", metric, variant)]
+
+
+@pytest.mark.parametrize("distribution", accumulation.DISTRIBUTIONS)
+def test_samples_have_the_documented_variance(distribution):
+    x = accumulation.sample(distribution, (200_000,), generator=torch.Generator().manual_seed(1))
+    expected = 1024.0 if distribution == "gaussian_sigma32" else 1.0
+    tolerance = 0.15 if distribution == "student_t3" else 0.03  # t3 has infinite fourth moment
+    assert abs(float(x.double().var()) / expected - 1) < tolerance
+
+
+# ----- configuration, run and CLI -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "key"),
+    [
+        ({"dots": 1}, ValueError, "dots"),
+        ({"dots": 2.5}, TypeError, "dots"),
+        ({"k": 100}, ValueError, "k"),
+        ({"grid": 1000}, ValueError, "grid"),
+        ({"sweep_grids": (256, 256)}, ValueError, "sweep_grids"),
+        ({"distributions": ("cauchy",)}, ValueError, "distributions"),
+        ({"operands": ()}, ValueError, "operands"),
+        ({"gain_rho": 1.0}, ValueError, "gain_rho"),
+        ({"cancellation_partials": 63}, ValueError, "cancellation_partials"),
+        ({"sigmas": (-1.0,)}, ValueError, "sigmas"),
+        ({"sweep_sigma": 0.0}, ValueError, "sweep_sigma"),
+        ({"cancellation_scales": (math.inf,)}, ValueError, "cancellation_scales"),
+    ],
+)
+def test_config_errors_name_the_key(change, error, key):
+    with pytest.raises(error, match=f"accumulation\\.{key} "):
+        AccumulationConfig(**change)
+
+
+def test_run_writes_every_table_with_provenance(tmp_path):
+    config = AccumulationConfig(**TINY)
+    paths = accumulation.run(config, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cancellation.csv",
+        "grid_sweep.csv",
+        "provenance.json",
+        "regression.csv",
+        "rtz_bias.csv",
+    ]
+    for name, (_, columns) in accumulation.TABLES.items():
+        header, *rows = paths[name].read_text().splitlines()
+        assert header.split(",") == list(columns) and rows
+    assert (
+        len(paths["rtz_bias"].read_text().splitlines()) == 1 + 2 * 2 * 3 * 4
+    )  # distributions x rho x operands x variants
+    assert len(paths["grid_sweep"].read_text().splitlines()) == 1 + 3 * 3  # (none + 2 grids) x 3 metrics
+    record = json.loads(paths["provenance"].read_text())
+    assert record["command"] == "accumulation-stats"
+    assert record["config"]["distributions"] == ["gaussian", "student_t3"] and record["config"]["dots"] == 8
+
+
+def test_cli_defaults_are_the_config_defaults_and_the_verb_runs(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(accumulation, "run", lambda config, out_dir: seen.append(config) or {})
+    assert cli.main(["accumulation-stats", "--out-dir", str(tmp_path)]) == 0
+    assert seen == [AccumulationConfig()]
+    monkeypatch.undo()
+    argv = ["accumulation-stats", "--dots", "4", "--k", "64", "--distributions", "laplace", "--operands", "bf16"]
+    argv += ["--regression-examples", "64", "--regression-features", "64", "--cancellation-trials", "8"]
+    assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "rtz_bias.csv").read_text().count("laplace") == 8
+
+
+def test_cli_reports_an_invalid_config_value(capsys):
+    assert cli.main(["accumulation-stats", "--grid", "1000", "--out-dir", "x"]) == 2
+    assert "accumulation.grid" in capsys.readouterr().err
