@@ -12,6 +12,7 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/range_analysis.smk"
 include: "workflow/rules/accumulation.smk"
+include: "workflow/rules/training.smk"
 
 
 rule all:

@@ -180,10 +180,34 @@ def test_range_pipeline_runs_and_its_figures_are_byte_stable(tmp_path):
         pytest.skip(reason)
     shutil.copytree(ROOT / "config", tmp_path / "config")
     figures = ["range_codebooks.pdf", "range_headroom.pdf", "range_worked_example.pdf"]
-    run = ("--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path))
+    targets = [f"figures/{name}" for name in figures]
+    run = ("--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), *targets)
     _snakemake(*run, timeout=600)
     first = {name: (tmp_path / "figures" / name).read_bytes() for name in figures}
     assert (tmp_path / "results" / "range_analysis" / "provenance.json").is_file()
     assert (tmp_path / "logs" / "notebooks" / "range_analysis.ipynb").is_file()
     _snakemake(*run, "--forcerun", "range_figures", timeout=600)
     assert {name: (tmp_path / "figures" / name).read_bytes() for name in figures} == first
+
+
+@pytest.mark.slow
+def test_training_stage_runs_end_to_end_on_a_tiny_config(tmp_path):
+    """Data, training runs (two recipes), the override control, summaries and figures, a few steps each."""
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    config = _load(tmp_path / "config" / "config.yaml")
+    tiny = {"seeds": [1], "steps": 4, "log_every": 1, "checkpoint_every": 2, "keep_every": 2}
+    config["training"].update(tiny, recipes=["bf16", "ue5m3_b16"], final_window=2, smoothing_steps=2)
+    config["control"].update(tiny)
+    config["data"].update(max_documents=40, validation_windows=4, calibration_windows=2)
+    (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    targets = ["figures/training_loss.pdf", "figures/control_override.pdf", "figures/training_vs_paper.csv"]
+    _snakemake(
+        "--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), *targets, timeout=900
+    )
+    for target in targets:
+        assert (tmp_path / target).stat().st_size > 0
+    summary = (tmp_path / "results" / "train" / "summary" / "main" / "by_recipe.csv").read_text()
+    assert "bf16" in summary and "ue5m3_b16" in summary
+    control = (tmp_path / "results" / "train" / "summary" / "control" / "final_window.csv").read_text()
+    assert "ue5m3_b16_t2048_override" in control
+    assert (tmp_path / "results" / "train" / "main" / "ue5m3_b16" / "seed1" / "checkpoints" / "step-00000004").is_dir()

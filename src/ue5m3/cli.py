@@ -55,6 +55,65 @@ def _accumulation_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_arg(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _prepare_data(args: argparse.Namespace) -> int:
+    from . import data
+    from .artifacts import provenance, write_json
+
+    config = data.DataConfig.from_dict(args.config_json)
+    seconds = data.build_data(config)
+    opened = data.open_data(config)
+    record = provenance(
+        "prepare-data",
+        args.config_json,
+        seconds=seconds,
+        validation_sha256=opened.validation.sha256(),
+        calibration_sha256=opened.calibration.sha256(),
+    )
+    write_json(args.out, record)
+    print(f"data prepared under {config.data_dir} in {sum(seconds.values()):.1f} s; record: {args.out}")
+    return 0
+
+
+def _train_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from .artifacts import atomic_path
+    from .train import TrainConfig
+
+    cfg = TrainConfig(**args.json)  # validates every key before anything is written
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=True))
+    print(f"train config: {args.out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from . import train
+
+    return train.main(args.config, threads=args.threads)
+
+
+def _summarize_training(args: argparse.Namespace) -> int:
+    from . import summary
+
+    paths = summary.run(args.runs, args.out_dir, window_points=args.final_window, smoothing=args.smoothing)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def _formats(args: argparse.Namespace) -> int:
     from . import formats
 
@@ -159,6 +218,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out-dir", required=True, help="directory for the tables")
     verbs["accumulation-stats"] = _accumulation_stats
+
+    p = sub.add_parser(
+        "prepare-data",
+        help="corpus, tokenizer and token shards of the data section",
+        description="Prepare the corpus splits, train the BPE (unless data.tokenizer_path is set), tokenize every "
+        "split into memory-mapped shards and write a provenance record.",
+    )
+    p.add_argument("--config-json", type=_json_arg, required=True, help="the data section as a JSON object")
+    p.add_argument("--out", required=True, help="the provenance record to write (JSON)")
+    verbs["prepare-data"] = _prepare_data
+
+    p = sub.add_parser(
+        "train-config",
+        help="validate a training run's settings and write its config YAML",
+        description="Validate a JSON object against the training config (unknown or missing keys fail) and write "
+        "it as the YAML that `ue5m3 train --config` reads.",
+    )
+    p.add_argument("--json", type=_json_arg, required=True, help="the run's settings as a JSON object")
+    p.add_argument("--out", required=True, help="the config YAML to write")
+    verbs["train-config"] = _train_config
+
+    p = sub.add_parser(
+        "train",
+        help="train (or resume) one run",
+        description="Train one run from its config YAML, resuming from its newest checkpoint; under torchrun with "
+        "several processes the model is sharded with FSDP2.",
+    )
+    p.add_argument("--config", required=True, help="the run's config YAML (see `ue5m3 train-config`)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    verbs["train"] = _train
+
+    p = sub.add_parser(
+        "summarize-training",
+        help="final-window means, stability counters and seed spread",
+        description="Read the metrics of finished runs and write curves and summary tables.",
+    )
+    p.add_argument("--runs", nargs="+", required=True, help="run directories (each with final.json)")
+    p.add_argument("--out-dir", required=True, help="directory for the tables")
+    p.add_argument("--final-window", type=int, default=10, help="logged points in the final window (paper: 10)")
+    p.add_argument("--smoothing", type=int, default=250, help="moving-mean window in optimizer steps (paper: 250)")
+    verbs["summarize-training"] = _summarize_training
 
     p = sub.add_parser(
         "formats",

@@ -87,6 +87,8 @@ class TrainConfig:
         model: a name in :func:`ue5m3.models.names`.
         model_overrides: config fields to override (e.g. ``vocab_size`` to match the tokenizer).
         recipe: a named recipe or a path to a recipe YAML file.
+        recipe_overrides: recipe keys to replace (validated like a recipe file), e.g. ``name`` and
+            ``target_overrides`` for the T = 2048 control.
         seed: seed of initialisation, data order and stochastic rounding.
         steps: optimizer steps.
         micro_batch: sequences per microbatch and rank.
@@ -110,6 +112,7 @@ class TrainConfig:
     accumulation: int
     data: Mapping[str, Any]
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
+    recipe_overrides: Mapping[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fp4_select: tuple[str, ...] | None = None
     log_every: int = 1
@@ -137,6 +140,7 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["optim"]["betas"] = list(self.optim.betas)
         out["data"], out["model_overrides"] = dict(self.data), dict(self.model_overrides)
+        out["recipe_overrides"] = dict(self.recipe_overrides)
         out["fp4_select"] = list(self.fp4_select) if self.fp4_select is not None else None
         return out
 
@@ -200,8 +204,12 @@ def log0(message: str) -> None:
         tqdm.write(message)
 
 
-def load_recipe(spec: str) -> recipes.Recipe:
-    return recipes.load(spec) if spec.endswith((".yaml", ".yml")) else recipes.get(spec)
+def load_recipe(spec: str, overrides: Mapping[str, Any] | None = None) -> recipes.Recipe:
+    """A named recipe or recipe file, with ``overrides`` applied through the strict recipe loader."""
+    recipe = recipes.load(spec) if spec.endswith((".yaml", ".yml")) else recipes.get(spec)
+    if overrides:
+        recipe = recipes.Recipe.from_dict({**recipe.to_dict(), **overrides}, source=f"recipe_overrides of {spec}")
+    return recipe
 
 
 def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -411,7 +419,7 @@ def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: in
     torch.manual_seed(cfg.seed + rank)  # stochastic rounding stream per rank; init weights come from cfg.seed
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
-    recipe = load_recipe(cfg.recipe)
+    recipe = load_recipe(cfg.recipe, cfg.recipe_overrides)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     model, records = build_model(cfg, recipe, device)
     optimizer = torch.optim.AdamW(
@@ -486,9 +494,11 @@ def _finish(run_dir: Path, cfg: TrainConfig, recipe: recipes.Recipe, counters: d
     return run_dir / "final.json"
 
 
-def main(config_path: str) -> int:
+def main(config_path: str, threads: int | None = None) -> int:
     """Entry point of ``ue5m3 train``: initialises torch.distributed under torchrun (gloo on CPU)."""
     cfg = TrainConfig.from_yaml(config_path)
+    if threads:
+        torch.set_num_threads(threads)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

@@ -3,6 +3,7 @@
 All Python logic of the workflow lives here (style guide rule 10); rule files only call these helpers.
 """
 
+import json
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -31,4 +32,60 @@ def log_path(*parts):
 
 def all_figures():
     """Every final figure: the inputs of `rule all`. Add each new figure rule here."""
-    return [*rules.range_figures.output, *rules.accumulation_figures.output]
+    return [*rules.range_figures.output, *rules.accumulation_figures.output, *rules.training_figures.output]
+
+
+# ----- training ----------------------------------------------------------------------------------------
+
+TRAINING = config["training"]
+CONTROL = config["control"]
+CONTROL_VARIANTS = ("t448", "override")
+
+
+def run_dir(group, variant, seed):
+    """results/train/{group}/{variant}/seed{seed}: checkpoints, metrics and final.json of one run."""
+    return result_path("train", group, variant, f"seed{seed}")
+
+
+def main_run_dirs():
+    return [run_dir("main", recipe, seed) for recipe in TRAINING["recipes"] for seed in TRAINING["seeds"]]
+
+
+def control_run_dirs():
+    return [run_dir("control", variant, seed) for variant in CONTROL_VARIANTS for seed in CONTROL["seeds"]]
+
+
+def finals(run_dirs):
+    return [str(Path(d) / "final.json") for d in run_dirs]
+
+
+def data_settings():
+    """The data section as the JSON object `ue5m3 prepare-data` validates."""
+    return json.dumps(config["data"], sort_keys=True)
+
+
+def _control_overrides(variant):
+    if variant == "t448":
+        return {}
+    override = CONTROL["override"]
+    name = f"{CONTROL['recipe']}_t{int(override['target'])}_override"
+    return {"name": name, "target_overrides": [override]}
+
+
+def run_settings(wildcards):
+    """The JSON settings of one run for `ue5m3 train-config` (validated there, strictly)."""
+    section = TRAINING if wildcards.group == "main" else CONTROL
+    recipe = wildcards.variant if wildcards.group == "main" else CONTROL["recipe"]
+    overrides = {} if wildcards.group == "main" else _control_overrides(wildcards.variant)
+    settings = {
+        "run_dir": run_dir(wildcards.group, wildcards.variant, wildcards.seed),
+        "model": section["model"],
+        "model_overrides": section["model_overrides"],
+        "recipe": recipe,
+        "recipe_overrides": overrides,
+        "seed": int(wildcards.seed),
+        "data": config["data"],
+        **{key: section[key] for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every",
+                                         "keep_every", "optim")},
+    }
+    return json.dumps(settings, sort_keys=True)
