@@ -253,8 +253,11 @@ class BatchStream(Protocol):
 
 
 def loss_fn(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy in FP32."""
-    logits = model(inputs)
+    """Mean next-token cross entropy in FP32 (BF16 autocast around the body on GPUs; FP32 on the CPU)."""
+    device = next(model.parameters()).device
+    inputs, targets = inputs.to(device), targets.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(inputs)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

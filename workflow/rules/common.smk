@@ -32,7 +32,11 @@ def log_path(*parts):
 
 def all_figures():
     """Every final figure: the inputs of `rule all`. Add each new figure rule here."""
-    return [*rules.range_figures.output, *rules.accumulation_figures.output, *rules.training_figures.output]
+    return [
+        *rules.range_figures.output,
+        *rules.accumulation_figures.output,
+        *rules.training_figures.output,
+    ]
 
 
 # ----- training ----------------------------------------------------------------------------------------
@@ -48,11 +52,19 @@ def run_dir(group, variant, seed):
 
 
 def main_run_dirs():
-    return [run_dir("main", recipe, seed) for recipe in TRAINING["recipes"] for seed in TRAINING["seeds"]]
+    return [
+        run_dir("main", recipe, seed)
+        for recipe in TRAINING["recipes"]
+        for seed in TRAINING["seeds"]
+    ]
 
 
 def control_run_dirs():
-    return [run_dir("control", variant, seed) for variant in CONTROL_VARIANTS for seed in CONTROL["seeds"]]
+    return [
+        run_dir("control", variant, seed)
+        for variant in CONTROL_VARIANTS
+        for seed in CONTROL["seeds"]
+    ]
 
 
 def finals(run_dirs):
@@ -76,7 +88,9 @@ def run_settings(wildcards):
     """The JSON settings of one run for `ue5m3 train-config` (validated there, strictly)."""
     section = TRAINING if wildcards.group == "main" else CONTROL
     recipe = wildcards.variant if wildcards.group == "main" else CONTROL["recipe"]
-    overrides = {} if wildcards.group == "main" else _control_overrides(wildcards.variant)
+    overrides = (
+        {} if wildcards.group == "main" else _control_overrides(wildcards.variant)
+    )
     settings = {
         "run_dir": run_dir(wildcards.group, wildcards.variant, wildcards.seed),
         "model": section["model"],
@@ -85,7 +99,17 @@ def run_settings(wildcards):
         "recipe_overrides": overrides,
         "seed": int(wildcards.seed),
         "data": config["data"],
-        **{key: section[key] for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every",
-                                         "keep_every", "optim")},
+        **{
+            key: section[key]
+            for key in (
+                "steps",
+                "micro_batch",
+                "accumulation",
+                "log_every",
+                "checkpoint_every",
+                "keep_every",
+                "optim",
+            )
+        },
     }
     return json.dumps(settings, sort_keys=True)

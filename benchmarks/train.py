@@ -1,0 +1,135 @@
+"""Training throughput and peak memory per recipe against BF16, at CPU scale.
+
+Usage: python benchmarks/train.py [--model nemotron_h_debug] [--steps 12] [--micro-batch 8] [--sequence 128]
+                                  [--threads 1] [--json out.json]
+
+Each recipe trains in its own process (its peak resident memory is its own) on random tokens with the real
+trainer (scale steps, microbatches, clipping, AdamW; checkpointing only at the end), one thread by default as
+the pipeline runs it. Tokens per second are measured over the steps after the first (warm-up) step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+RECIPES = [
+    "bf16",
+    "ue5m3_b16",
+    "ue5m3_b32",
+    "ue5m3_torch_control",
+    "ue5m3_te_settings",
+    "nvfp4_te",
+    "nvfp4_no_rht_all_linears",
+    "mxfp4",
+]
+
+
+class RandomTokens:
+    def __init__(self, vocab: int, sequence_length: int) -> None:
+        self.vocab, self.sequence_length, self.cursor = vocab, sequence_length, 0
+
+    def next_batch(self, batch_size):
+        import torch
+
+        g = torch.Generator().manual_seed(self.cursor)
+        self.cursor += 1
+        window = torch.randint(0, self.vocab, (batch_size, self.sequence_length + 1), generator=g)
+        return window[:, :-1], window[:, 1:]
+
+    def state_dict(self):
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state):
+        self.cursor = state["cursor"]
+
+
+def run_case(args: argparse.Namespace) -> dict:
+    import torch
+
+    from ue5m3 import models, train
+
+    torch.set_num_threads(args.threads)
+    vocab = models.config(args.model).vocab_size
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = train.TrainConfig(
+            run_dir=tmp,
+            model=args.model,
+            recipe=args.case,
+            seed=0,
+            steps=args.steps,
+            micro_batch=args.micro_batch,
+            accumulation=1,
+            data={},
+            checkpoint_every=args.steps,
+            log_every=1,
+        )
+        start = time.perf_counter()
+        train.train(cfg, RandomTokens(vocab, args.sequence))
+        total = time.perf_counter() - start
+        metrics = [json.loads(line) for line in open(f"{tmp}/metrics.jsonl")]
+    tokens_per_s = sorted(m["tokens_per_s"] for m in metrics[1:])[len(metrics[1:]) // 2]  # median step
+    return {
+        "recipe": args.case,
+        "tokens_per_s": tokens_per_s,
+        "wall_s": total,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="nemotron_h_debug")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--sequence", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--recipes", nargs="+", default=RECIPES)
+    parser.add_argument("--json", help="also write the rows as JSON here")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(run_case(args)))
+        return
+    rows = []
+    for recipe in args.recipes:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--case",
+            recipe,
+            "--model",
+            args.model,
+            "--steps",
+            str(args.steps),
+            "--micro-batch",
+            str(args.micro_batch),
+            "--sequence",
+            str(args.sequence),
+            "--threads",
+            str(args.threads),
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        rows.append(json.loads(out))
+    base = next((r for r in rows if r["recipe"] == "bf16"), None)
+    print(
+        f"{args.model}, micro-batch {args.micro_batch} x {args.sequence} tokens, {args.threads} thread(s), "
+        f"median step over {args.steps - 1} steps"
+    )
+    print("| recipe | tokens/s | x bf16 time | peak RSS (MiB) |\n|---|---:|---:|---:|")
+    for row in rows:
+        row["x_bf16_time"] = base["tokens_per_s"] / row["tokens_per_s"] if base else None
+        ratio = f"{row['x_bf16_time']:.2f}" if base else "-"
+        print(f"| {row['recipe']} | {row['tokens_per_s']:.0f} | {ratio} | {row['peak_rss_mib']:.0f} |")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "rows": rows}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
