@@ -200,3 +200,27 @@ def test_fused_slice_combination_equals_the_torch_reference_path(monkeypatch):
             patch.setattr(gemm.cpu_kernel, "available", lambda: False)
             reference = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding)
         assert torch.equal(fused, reference)
+
+
+@pytest.mark.slow
+def test_paper_sized_gemm_runs_within_bounded_memory(tmp_path):
+    """The 8192x2048x6144 forward GEMM of the paper's witnesses under probe_matched, in a fresh process."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "big_gemm.py"
+    script.write_text(
+        "import json, resource, torch\n"
+        "from ue5m3 import gemm\nfrom ue5m3.quantize import quantize\n"
+        "torch.manual_seed(0)\n"
+        "a = quantize(torch.randn(8192, 2048), 'ue5m3_b16')\n"
+        "b = quantize(torch.randn(2048, 6144), 'ue5m3_b16', two_d=True)  # W^T tiles, as in fprop\n"
+        "out = gemm.matmul(a, b, 'probe_matched')\n"
+        "ok = bool(torch.isfinite(out).all()) and out.shape == (8192, 6144)\n"
+        "print(json.dumps({'ok': ok, 'peak_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900, check=True)
+    record = json.loads(result.stdout.splitlines()[-1])
+    assert record["ok"]
+    assert record["peak_mib"] < 8 * 1024  # the machine has 24 GiB; operands and result alone take about 1 GiB

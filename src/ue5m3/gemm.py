@@ -155,25 +155,37 @@ def _blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torc
 
 
 def _span_bits(
-    twice_payload: torch.Tensor, scale: torch.Tensor, mantissa_bits: int, slices: int, dim: int
+    twice_payload: torch.Tensor, scale: torch.Tensor, mantissa_bits: int, block: int, width: int, dim: int
 ) -> torch.Tensor:
-    """Per slice and row (A) / column (B): how many bit positions the slice's encoded values span, from the
-    leading bit of the largest to the lowest bit of the finest (encoded = payload * scale, payload quantum 1/2,
-    scale quantum 2^(exponent - mantissa_bits)); zero values do not count."""
-    mag = (twice_payload * scale).abs().to(torch.float64) * 0.5
-    _, lead = torch.frexp(mag)  # |v| < 2^lead
-    _, exp_scale = torch.frexp(scale.to(torch.float64))
-    lowest = exp_scale - 1 - mantissa_bits - 1
-    nonzero = mag > 0
+    """Per slice and row (A, dim=1) or column (B, dim=0): an upper bound on the bit positions the slice's encoded
+    values span, from the leading bit of the largest to the lowest bit of the finest (encoded = payload * scale,
+    payload quantum 1/2, scale quantum 2^(exponent - mantissa_bits)); blocks of zeros do not count. Computed per
+    block (the scale is constant inside one), so it costs a sixteenth of an elementwise pass."""
+    if dim == 0:  # B [K, N] -> the A-like layout [N, K]
+        twice_payload, scale = twice_payload.t(), scale.t()
+    rows, k = twice_payload.shape
+    # [rows, K] -> [rows, K/block, block] -> per-block max |payload| and the block's scale
+    peak = twice_payload.reshape(rows, k // block, block).abs().amax(-1).to(torch.float64) * 0.5
+    block_scale = scale.reshape(rows, k // block, block)[..., 0].to(torch.float64)
+    _, lead = torch.frexp(peak * block_scale)  # |v| < 2^lead
+    _, exp_scale = torch.frexp(block_scale)
+    nonzero = peak > 0
     lead = torch.where(nonzero, lead, torch.full_like(lead, -(1 << 20)))
-    lowest = torch.where(nonzero, lowest, torch.full_like(lowest, 1 << 20))
-    if dim == 1:  # A: [M, K] -> [M, slices, width]
-        hi = lead.reshape(lead.shape[0], slices, -1).amax(-1)
-        lo = lowest.reshape(lead.shape[0], slices, -1).amin(-1)
-    else:  # B: [K, N] -> [slices, width, N]
-        hi = lead.reshape(slices, -1, lead.shape[-1]).amax(1)
-        lo = lowest.reshape(slices, -1, lead.shape[-1]).amin(1)
-    return torch.clamp(hi - lo, min=0)  # all-zero slices span nothing
+    lowest = torch.where(nonzero, exp_scale - 1 - mantissa_bits - 1, torch.full_like(exp_scale, 1 << 20))
+    per_slice = width // block
+    # [rows, K/block] -> [rows, slices, blocks per slice]
+    hi = lead.reshape(rows, -1, per_slice).amax(-1)
+    lo = lowest.reshape(rows, -1, per_slice).amin(-1)
+    span = torch.clamp(hi - lo, min=0)  # all-zero slices span nothing
+    return span if dim == 1 else span.t()  # [rows, slices] for A, [slices, N] for B
+
+
+def _encoded_fp64(twice_payload: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Exact encoded values payload * scale in FP64, formed in FP32 unless a scale is huge: (2p) * s * 0.5 has at
+    most 8 significant bits and, for scales >= 2^-127, is a multiple of 2^-149, so only overflow can be inexact."""
+    if float(scale.max()) <= 2.0**100:
+        return (twice_payload * scale * 0.5).to(torch.float64)
+    return twice_payload.to(torch.float64) * scale.to(torch.float64) * 0.5
 
 
 def _block_partials(a2: torch.Tensor, sa: torch.Tensor, b2: torch.Tensor, sb: torch.Tensor, block: int) -> torch.Tensor:
@@ -312,10 +324,10 @@ def matmul(
         "sa": sa,
         "b2": b2,
         "sb": sb,
-        "enc_a": a2.to(torch.float64) * sa.to(torch.float64) * 0.5,  # exact encoded values
-        "enc_b": b2.to(torch.float64) * sb.to(torch.float64) * 0.5,
-        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, slices, dim=1),
-        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, slices, dim=0),
+        "enc_a": _encoded_fp64(a2, sa),
+        "enc_b": _encoded_fp64(b2, sb),
+        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, block, slice_width, dim=1),
+        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, block, slice_width, dim=0),
     }
     guard = math.ceil(math.log2(slice_width))
     row_budget = (53 - guard) // 2
