@@ -180,3 +180,26 @@ def test_config_rejects_unknown_and_missing_keys_naming_them(tmp_path):
     path.write_text("run_dir: x\nmodel: dense_debug\n")
     with pytest.raises(ValueError, match="missing keys"):
         TrainConfig.from_yaml(path)
+
+
+def test_native_te_execution_fails_closed_without_a_blackwell_gpu(tmp_path):
+    from ue5m3 import native_te
+
+    try:
+        native_te.require_native()
+    except native_te.NativeUnavailable:
+        pass
+    else:
+        pytest.skip("a Blackwell GPU with Transformer Engine is present")
+    with pytest.raises(native_te.NativeUnavailable):
+        train.train(_config(tmp_path, recipe="nvfp4_te", steps=1, execution="native_te"), TokenStream())
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_final_record_says_the_run_was_emulated(tmp_path):
+    final = train.train(_config(tmp_path, recipe="nvfp4_te", steps=1), TokenStream())
+    assert json.loads(final.read_text())["execution"] == {
+        "execution": "emulated",
+        "gemm_model": "probe_matched",
+        "recipe": "nvfp4_te",
+    }

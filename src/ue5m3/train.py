@@ -39,7 +39,7 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint, models, recipes
+from . import checkpoint, models, native_te, recipes
 from .artifacts import atomic_path, provenance, write_json
 from .linear import convert, find_quant_stats, find_scale_state
 
@@ -101,6 +101,9 @@ class TrainConfig:
         keep_checkpoints: rolling checkpoints kept (those at multiples of ``keep_every`` stay too).
         keep_every: checkpoints at multiples of this step are never pruned (0: none).
         cold_scale_resume: on resume, drop the scale caches as the paper's runs did (default: exact resume).
+        execution: ``emulated`` (the recipe's GEMM output model, any device) or ``native_te`` (Transformer
+            Engine NVFP4 on Blackwell, for recipes with a native path; fails closed elsewhere). The native path
+            converts a materialised model and is not combined with FSDP2 here (one process per run).
     """
 
     run_dir: str
@@ -120,8 +123,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     keep_every: int = 0
     cold_scale_resume: bool = False
+    execution: str = "emulated"
 
     def __post_init__(self) -> None:
+        if self.execution not in ("emulated", "native_te"):
+            raise ValueError(f"train.execution must be 'emulated' or 'native_te', got {self.execution!r}")
         for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -222,6 +228,15 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
     """Meta build -> FP4 conversion -> fully_shard per block and root -> materialise and load init weights."""
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
     select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
+    if cfg.execution == "native_te":
+        native_te.require_native()  # fails closed off Blackwell before anything is built
+        if _world()[1] > 1:
+            raise NotImplementedError(
+                "execution 'native_te' runs in one process; FSDP2 sharding of te.Linear is not wired"
+            )
+        model.to_empty(device=device)
+        model.load_state_dict(initial_state(cfg))
+        return model, native_te.convert_native(model, recipe, select=list(select))
     records = convert(model, recipe, select=select)
     _, world = _world()
     if world > 1:
@@ -269,7 +284,12 @@ def _grad_norm(model: nn.Module, clip: float) -> float:
 
 
 def train_step(
-    step: int, model: nn.Module, optimizer: torch.optim.Optimizer, stream: BatchStream, cfg: TrainConfig
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    stream: BatchStream,
+    cfg: TrainConfig,
+    recipe: recipes.Recipe | None = None,
 ) -> dict[str, float]:
     """One optimizer step: open the scale step, accumulate microbatches, clip, AdamW."""
     state = find_scale_state(model)
@@ -281,7 +301,11 @@ def train_step(
     total = 0.0
     for _ in range(cfg.accumulation):
         inputs, targets = stream.next_batch(cfg.micro_batch)
-        loss = loss_fn(model, inputs, targets)
+        if cfg.execution == "native_te":
+            with native_te.autocast(recipe):
+                loss = loss_fn(model, inputs, targets)
+        else:
+            loss = loss_fn(model, inputs, targets)
         (loss / cfg.accumulation).backward()
         total += float(loss.detach()) / cfg.accumulation
     if _world()[1] > 1:
@@ -446,7 +470,7 @@ def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: in
     last = start
     for step in _steps(start, cfg.steps, rank):
         began = time.perf_counter()
-        record = train_step(step, model, optimizer, stream, cfg)
+        record = train_step(step, model, optimizer, stream, cfg, recipe)
         record["tokens_per_s"] = tokens_per_step / (time.perf_counter() - began)
         counters["loss_above_3"] += int(record["loss"] > 3)
         counters["grad_norm_above_1"] += int(record["grad_norm"] > 1)
@@ -491,7 +515,7 @@ def _finish(run_dir: Path, cfg: TrainConfig, recipe: recipes.Recipe, counters: d
         counters=counters,
         checkpoint=str(final_ckpt),
         checkpoint_sha256=manifest["files"]["model.pt"]["sha256"],
-        execution={"execution": "emulated", "gemm_model": recipe.gemm.model.value},
+        execution=native_te.execution_path(recipe, native=cfg.execution == "native_te"),
     )
     write_json(run_dir / "final.json", record)
     return run_dir / "final.json"
