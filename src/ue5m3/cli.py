@@ -128,6 +128,32 @@ def _formats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_nll(args: argparse.Namespace) -> int:
+    from . import evaluate
+
+    record = evaluate.run_nll(
+        args.run_dir,
+        args.out,
+        policy=args.policy,
+        step=args.step,
+        orders=args.orders,
+        seed=args.seed,
+        bootstrap_samples=args.bootstrap_samples,
+        force_bf16=args.force_bf16,
+    )
+    print(f"NLL {record['nll']:.6f} over {record['tokens']} tokens ({record['policy']}): {args.out}")
+    return 0
+
+
+def _scale_snapshot(args: argparse.Namespace) -> int:
+    from . import snapshot
+
+    paths = snapshot.run_snapshot(args.run_dir, args.out_dir, step=args.step, modules=args.modules)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -267,6 +293,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("names", nargs="*", help="format names (default: all)")
     verbs["formats"] = _formats
+
+    p = sub.add_parser(
+        "evaluate-nll",
+        help="validation NLL of a checkpoint under one inference policy",
+        description="Reload a run's checkpoint, evaluate the validation NLL with the paper's protocol (batch 1, FP32 "
+        "head in chunks, FP64 sums) and write a JSON result plus per-sequence sums, with bootstrap or "
+        "evaluation-order intervals.",
+    )
+    p.add_argument("--run-dir", required=True, help="the training run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=["bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen"],
+        help="activation-reference policy (numerics spec section 4)",
+    )
+    p.add_argument("--orders", type=int, default=1, help="evaluation orders (cold_d50_replay only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the extra orders and the bootstrap")
+    p.add_argument("--bootstrap-samples", type=int, default=2000, help="sequence-bootstrap resamples")
+    p.add_argument("--force-bf16", action="store_true", help="allow policy bf16 on a quantized run")
+    p.add_argument("--out", required=True, help="the JSON result (per-sequence sums go next to it)")
+    verbs["evaluate-nll"] = _evaluate_nll
+
+    p = sub.add_parser(
+        "scale-snapshot",
+        help="wgrad dY^T block-scale placement at one checkpoint",
+        description="One training-mode forward and backward of the first held-out sequence (no update); write "
+        "counts.csv, histograms.csv and provenance.json (experiments spec section 7).",
+    )
+    p.add_argument("--run-dir", required=True, help="the training run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument(
+        "--modules", nargs="+", default=None, help="fnmatch patterns of linears (default: last 4 down projections)"
+    )
+    p.add_argument("--out-dir", required=True, help="directory for the tables")
+    verbs["scale-snapshot"] = _scale_snapshot
 
     parser.set_defaults(_verbs=verbs)
     return parser

