@@ -13,6 +13,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/range_analysis.smk"
 include: "workflow/rules/accumulation.smk"
 include: "workflow/rules/training.smk"
+include: "workflow/rules/evaluation.smk"
 
 
 rule all:

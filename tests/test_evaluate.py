@@ -16,6 +16,7 @@ from ue5m3.evaluate import (
     SequenceNLL,
     bootstrap_interval,
     evaluation_orders,
+    load_results,
     order_summary,
     paired_bootstrap,
     percent_vs_bf16,
@@ -115,6 +116,11 @@ def test_run_nll_writes_json_and_sequences_with_provenance(run, tmp_path):
     assert current["bootstrap_95"]["low"] <= current["nll"] <= current["bootstrap_95"]["high"]
     with pytest.raises(ValueError, match="order-independent"):
         run_nll(run_dir, tmp_path / "bad.json", policy="current_tensor", orders=2, validation=validation)
+    table = load_results([out, tmp_path / "current.json"])
+    assert list(table["policy"]) == ["cold_d50_replay", "current_tensor"]
+    replay = table.iloc[0]
+    assert replay["orders"] == 3 and replay["low"] <= replay["nll"] <= replay["high"]
+    assert table.iloc[1]["nll"] == current["nll"] and (table["step"] == 2).all()
 
 
 def test_run_nll_writes_nothing_for_a_corrupted_checkpoint(run, tmp_path):

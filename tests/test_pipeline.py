@@ -191,8 +191,8 @@ def test_range_pipeline_runs_and_its_figures_are_byte_stable(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_stage_runs_end_to_end_on_a_tiny_config(tmp_path):
-    """Data, training runs (two recipes), the override control, summaries and figures, a few steps each."""
+def test_training_and_evaluation_stages_run_end_to_end_on_a_tiny_config(tmp_path):
+    """Data, training runs (two recipes), the override control, evaluations, summaries and figures."""
     shutil.copytree(ROOT / "config", tmp_path / "config")
     config = _load(tmp_path / "config" / "config.yaml")
     tiny = {"seeds": [1], "steps": 4, "log_every": 1, "checkpoint_every": 2, "keep_every": 2}
@@ -205,8 +205,16 @@ def test_training_stage_runs_end_to_end_on_a_tiny_config(tmp_path):
         validation_windows=4,
         calibration_windows=2,
     )
+    config["evaluation"].update(steps=[2, 4], replay_orders=2, bootstrap_samples=50)
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config))
-    targets = ["figures/training_loss.pdf", "figures/control_override.pdf", "figures/training_vs_paper.csv"]
+    targets = [
+        "figures/training_loss.pdf",
+        "figures/control_override.pdf",
+        "figures/training_vs_paper.csv",
+        "figures/validation_nll.pdf",
+        "figures/policy_sensitivity.pdf",
+        "figures/scale_snapshot.pdf",
+    ]
     _snakemake(
         "--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), *targets, timeout=900
     )
@@ -217,3 +225,7 @@ def test_training_stage_runs_end_to_end_on_a_tiny_config(tmp_path):
     control = (tmp_path / "results" / "train" / "summary" / "control" / "final_window.csv").read_text()
     assert "ue5m3_b16_t2048_override" in control
     assert (tmp_path / "results" / "train" / "main" / "ue5m3_b16" / "seed1" / "checkpoints" / "step-00000004").is_dir()
+    evaluated = sorted(
+        p.stem for p in (tmp_path / "results" / "eval" / "nll" / "ue5m3_b16" / "seed1" / "step4").glob("*.json")
+    )
+    assert evaluated == ["calibrated_frozen", "cold_d50_replay", "current_tensor"]

@@ -13,6 +13,7 @@ from several evaluation orders (:func:`order_summary`: mean, min, max and a Stud
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -303,3 +305,33 @@ def run_nll(
     write_csv(out.with_name(out.stem + ".sequences.csv"), rows, [*fields])
     write_json(out, record)
     return record
+
+
+def load_results(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """The records written by :func:`run_nll` as one table (one row per checkpoint, recipe, seed and policy).
+
+    Columns: recipe, seed, step, policy, gemm_output_model, nll, low, high (the bootstrap interval, or the
+    range over evaluation orders for the order-dependent replay), orders, checkpoint_sha256.
+    """
+    rows = []
+    for path in map(Path, paths):
+        record = json.loads(path.read_text())
+        if "order_summary" in record:
+            low, high = record["order_summary"]["min"], record["order_summary"]["max"]
+        else:
+            low, high = record["bootstrap_95"]["low"], record["bootstrap_95"]["high"]
+        rows.append(
+            {
+                "recipe": record["run_recipe"],
+                "seed": record["seed"],
+                "step": record["checkpoint_step"],
+                "policy": record["policy"],
+                "gemm_output_model": record["gemm_output_model"],
+                "nll": record["nll"],
+                "low": low,
+                "high": high,
+                "orders": len(record["order_nll"]),
+                "checkpoint_sha256": record["checkpoint_sha256"],
+            }
+        )
+    return pd.DataFrame(rows).sort_values(["recipe", "seed", "step", "policy"], ignore_index=True)

@@ -36,6 +36,7 @@ def all_figures():
         *rules.range_figures.output,
         *rules.accumulation_figures.output,
         *rules.training_figures.output,
+        *rules.evaluation_figures.output,
     ]
 
 
@@ -113,3 +114,53 @@ def run_settings(wildcards):
         },
     }
     return json.dumps(settings, sort_keys=True)
+
+
+# ----- evaluation --------------------------------------------------------------------------------------
+
+EVALUATION = config["evaluation"]
+
+
+def nll_result(recipe, seed, step, policy):
+    return result_path(
+        "eval", "nll", recipe, f"seed{seed}", f"step{step}", f"{policy}.json"
+    )
+
+
+def nll_results():
+    """Every validation-NLL result: each recipe's policy at every evaluated checkpoint, plus the sensitivity
+    of the proposed recipe to the inference policy at the last checkpoint."""
+    wanted = [
+        (recipe, seed, step, EVALUATION["policies"][recipe])
+        for recipe in TRAINING["recipes"]
+        for seed in TRAINING["seeds"]
+        for step in EVALUATION["steps"]
+    ]
+    if EVALUATION["sensitivity_recipe"] in TRAINING["recipes"]:
+        last = max(EVALUATION["steps"])
+        wanted += [
+            (EVALUATION["sensitivity_recipe"], seed, last, policy)
+            for seed in TRAINING["seeds"]
+            for policy in EVALUATION["sensitivity_policies"]
+        ]
+    return sorted({nll_result(*item) for item in wanted})
+
+
+def replay_orders(wildcards):
+    return EVALUATION["replay_orders"] if wildcards.policy == "cold_d50_replay" else 1
+
+
+def snapshot_dirs():
+    seed = TRAINING["seeds"][0]
+    return [
+        result_path("eval", "snapshot", recipe, f"seed{seed}")
+        for recipe in EVALUATION["snapshot_recipes"]
+    ]
+
+
+def snapshot_counts():
+    return [str(Path(d) / "counts.csv") for d in snapshot_dirs()]
+
+
+def snapshot_histograms():
+    return [str(Path(d) / "histograms.csv") for d in snapshot_dirs()]

@@ -1,0 +1,66 @@
+# Held-out evaluation (paper section 5.3 and the validation figures; experiments spec sections 4 and 7):
+# validation NLL per checkpoint under each recipe's inference policy, the policy sensitivity, the checkpoint
+# scale-target snapshot, and the figures beside the paper's numbers.
+
+
+wildcard_constraints:
+    step=r"\d+",
+    policy="bf16|current_tensor|cold_d50_replay|calibrated_frozen",
+
+
+rule evaluate_nll:
+    input:
+        result_path("train", "main", "{recipe}", "seed{seed}", "final.json"),
+    output:
+        result_path(
+            "eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.json"
+        ),
+    log:
+        log_path("eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    threads: 1
+    params:
+        run_dir=subpath(input[0], parent=True),
+        orders=replay_orders,
+        samples=EVALUATION["bootstrap_samples"],
+    shell:
+        "OMP_NUM_THREADS={threads} ue5m3 evaluate-nll --run-dir {params.run_dir} --step {wildcards.step} --policy {wildcards.policy} --orders {params.orders} --bootstrap-samples {params.samples} --out {output} > {log} 2>&1"
+
+
+rule scale_snapshot:
+    input:
+        result_path("train", "main", "{recipe}", "seed{seed}", "final.json"),
+    output:
+        counts=result_path("eval", "snapshot", "{recipe}", "seed{seed}", "counts.csv"),
+        histograms=result_path(
+            "eval", "snapshot", "{recipe}", "seed{seed}", "histograms.csv"
+        ),
+    log:
+        log_path("eval", "snapshot", "{recipe}", "seed{seed}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        run_dir=subpath(input[0], parent=True),
+        out_dir=subpath(output.counts, parent=True),
+    shell:
+        "ue5m3 scale-snapshot --run-dir {params.run_dir} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule evaluation_figures:
+    input:
+        nll=nll_results(),
+        snapshot_counts=snapshot_counts(),
+        snapshot_histograms=snapshot_histograms(),
+    output:
+        nll=figure_path("validation_nll.pdf"),
+        vs_bf16=figure_path("validation_vs_bf16.pdf"),
+        sensitivity=figure_path("policy_sensitivity.pdf"),
+        snapshot=figure_path("scale_snapshot.pdf"),
+        table=figure_path("validation_vs_paper.csv"),
+    log:
+        notebook=log_path("notebooks", "evaluation.ipynb"),
+    conda:
+        "../../envs/cpu.yaml"
+    notebook:
+        "../../notebooks/evaluation.ipynb"
