@@ -6,6 +6,7 @@ the `ue5m3 range-analysis` CLI.
 """
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -205,7 +206,7 @@ def test_training_and_evaluation_stages_run_end_to_end_on_a_tiny_config(tmp_path
         validation_windows=4,
         calibration_windows=2,
     )
-    config["evaluation"].update(steps=[2, 4], replay_orders=2, bootstrap_samples=50)
+    config["evaluation"].update(steps=[2, 4], replay_orders=2, bootstrap_samples=50, downstream_examples=4)
     (tmp_path / "config" / "config.yaml").write_text(yaml.safe_dump(config))
     targets = [
         "figures/training_loss.pdf",
@@ -214,6 +215,7 @@ def test_training_and_evaluation_stages_run_end_to_end_on_a_tiny_config(tmp_path
         "figures/validation_nll.pdf",
         "figures/policy_sensitivity.pdf",
         "figures/scale_snapshot.pdf",
+        "figures/downstream.pdf",
     ]
     _snakemake(
         "--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), *targets, timeout=900
@@ -229,3 +231,6 @@ def test_training_and_evaluation_stages_run_end_to_end_on_a_tiny_config(tmp_path
         p.stem for p in (tmp_path / "results" / "eval" / "nll" / "ue5m3_b16" / "seed1" / "step4").glob("*.json")
     )
     assert evaluated == ["calibrated_frozen", "cold_d50_replay", "current_tensor"]
+    downstream = tmp_path / "results" / "eval" / "downstream" / "ue5m3_b16" / "seed1" / "step4" / "cold_d50_replay.json"
+    assert json.loads(downstream.read_text())["aggregates"]["mmlu"]["best"] is not None
+    assert "ue5m3_b16" in (tmp_path / "figures" / "downstream_vs_paper.csv").read_text()

@@ -154,6 +154,53 @@ def _scale_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lm_eval(args: argparse.Namespace) -> int:
+    from lm_eval.__main__ import cli_evaluate
+
+    from . import lm_eval_adapter  # noqa: F401  # registers --model ue5m3
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *args.lm_eval_args]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def _evaluate_downstream(args: argparse.Namespace) -> int:
+    from . import olmes
+
+    record = olmes.evaluate_run(
+        args.run_dir,
+        args.out,
+        policy=args.policy,
+        task_dir=args.tasks_dir,
+        tasks=args.tasks,
+        step=args.step,
+        n=args.examples,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+    )
+    mmlu = record["aggregates"]["mmlu"]["best"]
+    core = record["aggregates"]["core9_evaluated"]["macro"]
+    print(f"Core 9 (evaluated tasks) {core}, MMLU {mmlu} in {record['work_units']} work units: {args.out}")
+    return 0
+
+
+def _optional_count(text: str) -> int | None:
+    if text.lower() in ("none", "null", "all"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -330,13 +377,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True, help="directory for the tables")
     verbs["scale-snapshot"] = _scale_snapshot
 
+    p = sub.add_parser(
+        "evaluate-downstream",
+        help="OLMES-style Core 9 / MMLU accuracy of a checkpoint under one inference policy (offline)",
+        description="Build the offline lm-eval tasks if missing (ue5m3.olmes), score the checkpoint through "
+        "--model ue5m3 in lm-eval's fixed request order (one batch = one work unit) and write a JSON result with "
+        "per-task MC/RC scores, the paper's aggregates and provenance.",
+    )
+    p.add_argument("--run-dir", required=True, help="the training run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=["bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen"],
+        help="activation-reference policy (numerics spec section 4)",
+    )
+    p.add_argument("--tasks-dir", required=True, help="task dir shared by all runs (built here when missing)")
+    p.add_argument(
+        "--tasks", nargs="+", required=True, help="Core 9 tasks (arc_easy, ...), mmlu (all subjects) or mmlu_SUBJECT"
+    )
+    p.add_argument(
+        "--examples", type=_optional_count, default=None, help="examples per task subsampled into the task dir (or all)"
+    )
+    p.add_argument("--limit", type=int, default=None, help="lm-eval's per-task limit on top (tests)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests per forward (the policy's work unit)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per row (default: the run's sequence length)")
+    p.add_argument("--out", required=True, help="the JSON result")
+    verbs["evaluate-downstream"] = _evaluate_downstream
+
+    p = sub.add_parser(
+        "lm-eval",
+        help="lm-eval's own command line with --model ue5m3 registered",
+        description="Run lm-eval's CLI (lm_eval.__main__.cli_evaluate) with every further argument, after "
+        "registering --model ue5m3 (model_args run_dir=..,policy=..,tokenizer=..[,step=..]). Example: ue5m3 lm-eval "
+        "--model ue5m3 --model_args run_dir=RUN,policy=bf16,tokenizer=TOK --include_path DIR --tasks NAME. "
+        "lm-eval's own options: `ue5m3 lm-eval -- run --help`.",
+    )
+    p.set_defaults(lm_eval_args=[])
+    verbs["lm-eval"] = _lm_eval
+
     parser.set_defaults(_verbs=verbs)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.verb == "lm-eval":
+        args.lm_eval_args = rest[1:] if rest[:1] == ["--"] else rest  # `ue5m3 lm-eval -- --help`: lm-eval's help
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args._verbs[args.verb](args)
     except (ValueError, TypeError, FileNotFoundError) as err:

@@ -89,6 +89,8 @@ class UE5M3LM(TemplateLM):
         """Same as :meth:`create_from_arg_string` from an already parsed dict (lm-eval's CLI passes one)."""
         args = dict(arg_dict)
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            extra.pop("device")  # lm-eval's CLI default is cuda; fall back to CPU as its HF model does
         for key in ("batch_size", "max_length", "device"):
             if key in extra and key not in args:
                 args[key] = extra[key]

@@ -29,6 +29,12 @@ doc ids, and kept in doc-id order; ``n=None`` keeps all.
 Aggregates (:func:`aggregate`). Core 9 = macro average over the nine tasks of max(MC, RC); MMLU = max(macro average
 of the MC subject scores, macro average of the RC subject scores).
 
+Runs (:func:`evaluate_run`). Task names ``arc_easy`` ... (Core 9 folders), ``mmlu`` (all subjects) or
+``mmlu_<subject>`` select what :func:`build_tasks` writes (both formulations each) into a task dir shared by all
+runs (built once under a file lock; a ``ue5m3_build.json`` sidecar records ``n`` and the seed, so a dir built with
+other settings is refused). A checkpoint is scored under one inference policy through
+:class:`ue5m3.lm_eval_adapter.UE5M3LM`, in lm-eval's fixed request order, ``batch_size`` requests per work unit.
+
 Not yet built: WinoGrande (its OLMES requests vary the context per choice, which needs lm-eval's multiple-input
 form), MMLU-Pro (no offline source), standard errors of the aggregates.
 """
@@ -54,6 +60,8 @@ __all__ = [
     "build_mmlu_tasks",
     "run_suite",
     "aggregate",
+    "build_tasks",
+    "evaluate_run",
 ]
 
 CORE9 = ("arc_easy", "arc_challenge", "boolq", "csqa", "hellaswag", "openbookqa", "piqa", "socialiqa", "winogrande")
@@ -309,3 +317,172 @@ def run_suite(
     results = out["results"]
     scores = {n: float(results[n][f"{manifest[n]['metric']},none"]) for n in names}
     return {"scores": scores, "aggregates": aggregate(scores, manifest), "results": results}
+
+
+BUILD_RECORD = "ue5m3_build.json"
+"""Sidecar in a task dir: ``{"n": .., "seed": .., "tasks": [...]}`` of what :func:`build_tasks` wrote."""
+
+
+def _task_sets(tasks: Iterable[str]) -> tuple[list[str], list[str]]:
+    core, subjects = [], []
+    known = None
+    for name in tasks:
+        if name in CORE9:
+            core.append(name)
+        elif name == "mmlu":
+            subjects.extend(mmlu_subjects())
+        elif name.startswith("mmlu_"):
+            known = set(mmlu_subjects()) if known is None else known
+            if name[5:] not in known:
+                raise ValueError(f"unknown MMLU subject {name[5:]!r}")
+            subjects.append(name[5:])
+        else:
+            raise ValueError(
+                f"unknown downstream task {name!r}; expected a Core 9 task {CORE9}, mmlu or mmlu_<subject>"
+            )
+    return list(dict.fromkeys(core)), list(dict.fromkeys(subjects))
+
+
+def build_tasks(
+    task_dir: str | os.PathLike[str], tasks: Iterable[str], *, n: int | None = None, seed: int = SUBSAMPLE_SEED
+) -> list[str]:
+    """Make sure ``task_dir`` holds the MC and RC lm-eval tasks of ``tasks``; build what is missing.
+
+    Safe to call from concurrent processes (an exclusive ``fcntl`` lock on ``<task_dir>.lock``).
+
+    Returns:
+        The lm-eval task names of ``tasks`` (``ue5m3_<task>_<mc|rc>``, ``ue5m3_mmlu_<subject>_<mc|rc>``).
+
+    Raises:
+        ValueError: an unknown task, or ``task_dir`` was built with another ``n`` or seed.
+        NotImplementedError: a task the builder cannot write (WinoGrande).
+    """
+    import fcntl
+
+    core, subjects = _task_sets(tasks)
+    out = Path(task_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    names = [f"ue5m3_{t}_{f}" for t in core for f in ("mc", "rc")]
+    names += [f"ue5m3_mmlu_{s}_{f}" for s in subjects for f in ("mc", "rc")]
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record_path = out / BUILD_RECORD
+        record = json.loads(record_path.read_text()) if record_path.exists() else {"n": n, "seed": seed, "tasks": []}
+        if (record["n"], record["seed"]) != (n, seed):
+            raise ValueError(
+                f"{out} was built with n={record['n']}, seed={record['seed']}; asked for n={n}, seed={seed} "
+                "(use another task dir)"
+            )
+        manifest_path = out / MANIFEST
+        have = set(json.loads(manifest_path.read_text())) if manifest_path.exists() else set()
+        missing_core = [t for t in core if not {f"ue5m3_{t}_mc", f"ue5m3_{t}_rc"} <= have]
+        missing_mmlu = [s for s in subjects if not {f"ue5m3_mmlu_{s}_mc", f"ue5m3_mmlu_{s}_rc"} <= have]
+        if missing_core:
+            build_core9_tasks(out, missing_core, n=n, seed=seed)
+        if missing_mmlu:
+            build_mmlu_tasks(out, missing_mmlu, n=n, seed=seed)
+        record["tasks"] = sorted(set(record["tasks"]) | set(names))
+        out.mkdir(parents=True, exist_ok=True)
+        record_path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return names
+
+
+def _tasks_sha256(task_dir: Path, names: Sequence[str]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        digest.update(name.encode() + b"\0" + (task_dir / f"{name}.jsonl").read_bytes())
+    return digest.hexdigest()
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    policy: str,
+    task_dir: str | os.PathLike[str],
+    tasks: Sequence[str],
+    step: int | None = None,
+    n: int | None = None,
+    seed: int = SUBSAMPLE_SEED,
+    limit: int | None = None,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    force_bf16: bool = False,
+) -> dict[str, Any]:
+    """Score one checkpoint of a training run on the offline suites and write the JSON result atomically.
+
+    Args:
+        run_dir: the training run directory; its tokenizer is ``<data.data_dir>/tokenizer.json`` (or
+            ``data.tokenizer_path``).
+        out: the JSON result to write.
+        policy: the inference policy (``ue5m3.inference.InferencePolicy`` value).
+        task_dir: where the lm-eval tasks are (built by :func:`build_tasks` if missing).
+        tasks: ``arc_easy`` ..., ``mmlu`` or ``mmlu_<subject>``.
+        step: checkpoint step (default: the newest).
+        n, seed: the per-task subsample of the task dir.
+        limit: lm-eval's per-task limit on top of the subsample (tests).
+        batch_size: requests per ``forward_unit`` call (the policy's work unit).
+        max_length: most tokens per row (default: the run's training sequence length; longer inputs are
+            left-truncated).
+
+    Returns:
+        The record written: ``scores`` (task -> formulation -> primary score), ``aggregates``
+        (:func:`aggregate` plus ``core9_evaluated`` = macro of max(MC, RC) over the Core 9 tasks scored), the
+        checkpoint identity and the request order and work-unit count.
+    """
+    from .artifacts import provenance, write_json
+    from .data import DataConfig, data_paths, open_tokenizer
+    from .inference import load_for_inference, read_run_config
+    from .lm_eval_adapter import UE5M3LM
+
+    names = build_tasks(task_dir, tasks, n=n, seed=seed)
+    cfg = read_run_config(run_dir)
+    data = DataConfig.from_dict(dict(cfg.data))
+    tokenizer = open_tokenizer(data)
+    length = int(max_length) if max_length is not None else int(data.sequence_length)
+    loaded = load_for_inference(run_dir, step, policy=policy, force_bf16=force_bf16)
+    lm = UE5M3LM(loaded, tokenizer, batch_size=batch_size, max_length=length)
+    suite = run_suite(lm, task_dir, names, limit=limit, log_samples=False)
+    manifest = json.loads((Path(task_dir) / MANIFEST).read_text())
+    scores: dict[str, dict[str, float]] = {}
+    for name, score in suite["scores"].items():
+        m = manifest[name]
+        key = m["task"] if m["suite"] == "core9" else f"mmlu_{m['task']}"
+        scores.setdefault(key, {})[m["formulation"]] = score
+    aggregates = suite["aggregates"]
+    core = {t: v["best"] for t, v in aggregates["core9"].items() if t != "_macro"}
+    aggregates["core9_evaluated"] = {"tasks": sorted(core), "macro": sum(core.values()) / len(core) if core else None}
+    counts = {
+        name: manifest[name]["n_docs"] if limit is None else min(manifest[name]["n_docs"], limit) for name in names
+    }
+    config = {
+        "run_dir": str(run_dir),
+        "step": step,
+        "policy": str(policy),
+        "task_dir": str(task_dir),
+        "tasks": list(tasks),
+        "n": n,
+        "seed": seed,
+        "limit": limit,
+        "batch_size": batch_size,
+        "max_length": length,
+        "force_bf16": force_bf16,
+    }
+    record = provenance(
+        "evaluate-downstream",
+        config,
+        **loaded.identity,
+        tokenizer=str(data_paths(data).tokenizer),
+        lm_eval_tasks=names,
+        tasks_sha256=_tasks_sha256(Path(task_dir), names),
+        examples=counts,
+        request_order="lm-eval's order, never re-sorted; batch k of the run is the policy's work unit k",
+        work_units=lm.n_units,
+        forward_units=loaded.units,
+        scores=scores,
+        aggregates=aggregates,
+    )
+    write_json(out, record)
+    return record

@@ -37,6 +37,7 @@ def all_figures():
         *rules.accumulation_figures.output,
         *rules.training_figures.output,
         *rules.evaluation_figures.output,
+        *rules.downstream_figures.output,
     ]
 
 
@@ -164,3 +165,31 @@ def snapshot_counts():
 
 def snapshot_histograms():
     return [str(Path(d) / "histograms.csv") for d in snapshot_dirs()]
+
+
+def downstream_tasks_dir():
+    """The lm-eval task dir shared by every downstream evaluation (one per subsample size)."""
+    n = EVALUATION["downstream_examples"]
+    return result_path("eval", "downstream", "tasks", f"n{n}" if n else "all")
+
+
+def downstream_result(recipe, seed, step, policy):
+    return result_path(
+        "eval", "downstream", recipe, f"seed{seed}", f"step{step}", f"{policy}.json"
+    )
+
+
+def downstream_results():
+    """Each downstream recipe (that is also trained) under its policy, every seed, at the last evaluated step."""
+    last = max(EVALUATION["steps"])
+    return [
+        downstream_result(recipe, seed, last, EVALUATION["policies"][recipe])
+        for recipe in EVALUATION["downstream_recipes"]
+        if recipe in TRAINING["recipes"]
+        for seed in TRAINING["seeds"]
+    ]
+
+
+def downstream_examples_arg():
+    n = EVALUATION["downstream_examples"]
+    return "all" if n is None else n

@@ -64,3 +64,43 @@ rule evaluation_figures:
         "../../envs/cpu.yaml"
     notebook:
         "../../notebooks/evaluation.ipynb"
+
+
+rule evaluate_downstream:
+    input:
+        result_path("train", "main", "{recipe}", "seed{seed}", "final.json"),
+    output:
+        downstream_result("{recipe}", "{seed}", "{step}", "{policy}"),
+    log:
+        log_path(
+            "eval",
+            "downstream",
+            "{recipe}",
+            "seed{seed}",
+            "step{step}",
+            "{policy}.log",
+        ),
+    conda:
+        "../../envs/cpu.yaml"
+    threads: 1
+    params:
+        run_dir=subpath(input[0], parent=True),
+        tasks_dir=downstream_tasks_dir(),
+        tasks=EVALUATION["downstream_tasks"],
+        examples=downstream_examples_arg(),
+    shell:
+        "OMP_NUM_THREADS={threads} ue5m3 evaluate-downstream --run-dir {params.run_dir} --step {wildcards.step} --policy {wildcards.policy} --tasks-dir {params.tasks_dir} --tasks {params.tasks} --examples {params.examples} --out {output} > {log} 2>&1"
+
+
+rule downstream_figures:
+    input:
+        downstream_results(),
+    output:
+        figure=figure_path("downstream.pdf"),
+        table=figure_path("downstream_vs_paper.csv"),
+    log:
+        notebook=log_path("notebooks", "downstream.ipynb"),
+    conda:
+        "../../envs/cpu.yaml"
+    notebook:
+        "../../notebooks/downstream.ipynb"
