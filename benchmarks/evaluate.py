@@ -20,25 +20,9 @@ import time
 import torch
 
 
-class RandomTokens:
-    def __init__(self, vocab: int, sequence_length: int) -> None:
-        self.vocab, self.sequence_length, self.cursor = vocab, sequence_length, 0
-
-    def next_batch(self, batch_size):
-        g = torch.Generator().manual_seed(self.cursor)
-        self.cursor += 1
-        window = torch.randint(0, self.vocab, (batch_size, self.sequence_length + 1), generator=g)
-        return window[:, :-1], window[:, 1:]
-
-    def state_dict(self):
-        return {"cursor": self.cursor}
-
-    def load_state_dict(self, state):
-        self.cursor = state["cursor"]
-
-
 def main() -> None:
     from ue5m3 import models, train
+    from ue5m3.data import RandomTokenStream
     from ue5m3.inference import load_for_inference
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,7 +48,7 @@ def main() -> None:
             data={},
             checkpoint_every=1,
         )
-        train.train(cfg, RandomTokens(vocab, args.sequence))
+        train.train(cfg, RandomTokenStream(vocab, args.sequence))
         ids = torch.randint(0, vocab, (args.units, 1, args.sequence), generator=torch.Generator().manual_seed(1))
         for policy in ("bf16", "current_tensor", "cold_d50_replay"):
             loaded = load_for_inference(tmp, policy=policy, force_bf16=policy == "bf16", device="cpu")

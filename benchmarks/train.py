@@ -30,29 +30,11 @@ RECIPES = [
 ]
 
 
-class RandomTokens:
-    def __init__(self, vocab: int, sequence_length: int) -> None:
-        self.vocab, self.sequence_length, self.cursor = vocab, sequence_length, 0
-
-    def next_batch(self, batch_size):
-        import torch
-
-        g = torch.Generator().manual_seed(self.cursor)
-        self.cursor += 1
-        window = torch.randint(0, self.vocab, (batch_size, self.sequence_length + 1), generator=g)
-        return window[:, :-1], window[:, 1:]
-
-    def state_dict(self):
-        return {"cursor": self.cursor}
-
-    def load_state_dict(self, state):
-        self.cursor = state["cursor"]
-
-
 def run_case(args: argparse.Namespace) -> dict:
     import torch
 
     from ue5m3 import models, train
+    from ue5m3.data import RandomTokenStream
 
     torch.set_num_threads(args.threads)
     vocab = models.config(args.model).vocab_size
@@ -70,7 +52,7 @@ def run_case(args: argparse.Namespace) -> dict:
             log_every=1,
         )
         start = time.perf_counter()
-        train.train(cfg, RandomTokens(vocab, args.sequence))
+        train.train(cfg, RandomTokenStream(vocab, args.sequence))
         total = time.perf_counter() - start
         metrics = [json.loads(line) for line in open(f"{tmp}/metrics.jsonl")]
     tokens_per_s = sorted(m["tokens_per_s"] for m in metrics[1:])[len(metrics[1:]) // 2]  # median step

@@ -8,32 +8,11 @@ import torch
 
 from ue5m3 import train
 from ue5m3.checkpoint import CheckpointError
-from ue5m3.data import Corpus, DataConfig, EvalSet, build_data, open_data
+from ue5m3.data import Corpus, DataConfig, EvalSet, RandomTokenStream, build_data, open_data
 from ue5m3.inference import InferencePolicy, InferenceScales, load_for_inference
 from ue5m3.linear import QuantLinear
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data" / "olmo_mix"
-
-
-class TokenStream:
-    """Deterministic batches of random tokens (stands in for the training loader)."""
-
-    sequence_length = 64
-
-    def __init__(self) -> None:
-        self.cursor = 0
-
-    def next_batch(self, batch_size):
-        g = torch.Generator().manual_seed(self.cursor)
-        self.cursor += 1
-        window = torch.randint(0, 300, (batch_size, self.sequence_length + 1), generator=g)
-        return window[:, :-1], window[:, 1:]
-
-    def state_dict(self):
-        return {"cursor": self.cursor}
-
-    def load_state_dict(self, state):
-        self.cursor = state["cursor"]
 
 
 def make_run(root: Path, recipe: str = "ue5m3_b16") -> tuple[Path, DataConfig]:
@@ -66,7 +45,7 @@ def make_run(root: Path, recipe: str = "ue5m3_b16") -> tuple[Path, DataConfig]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train.train(cfg, TokenStream())
+        train.train(cfg, RandomTokenStream(300, 64, seed=0))
     finally:
         torch.set_num_threads(threads)
     return root / "run", config

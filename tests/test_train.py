@@ -8,28 +8,8 @@ import pytest
 import torch
 
 from ue5m3 import checkpoint, recipes, train
+from ue5m3.data import RandomTokenStream as TokenStream
 from ue5m3.train import OptimConfig, TrainConfig
-
-
-class TokenStream:
-    """Deterministic, resumable batches of random tokens (stands in for the data loader)."""
-
-    sequence_length = 64
-
-    def __init__(self, vocab: int = 4096, seed: int = 0) -> None:
-        self.vocab, self.seed, self.cursor = vocab, seed, 0
-
-    def next_batch(self, batch_size):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.cursor)
-        self.cursor += 1
-        window = torch.randint(0, self.vocab, (batch_size, self.sequence_length + 1), generator=g)
-        return window[:, :-1], window[:, 1:]
-
-    def state_dict(self):
-        return {"cursor": self.cursor}
-
-    def load_state_dict(self, state):
-        self.cursor = state["cursor"]
 
 
 def _config(tmp_path, recipe="ue5m3_b16", steps=6, **kw):
@@ -100,10 +80,10 @@ def _assert_same_state(a, b):
 def test_resuming_at_any_step_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, stop_at):
     recipe = _recipe_with_interval(tmp_path, 3)  # stop between and at scale refreshes (1, 4, 7)
     full = _config(tmp_path / "full", recipe=recipe)
-    train.train(full, TokenStream())
+    train.train(full, TokenStream(4096, 64))
     interrupted = _config(tmp_path / "split", recipe=recipe)
-    assert train.train(interrupted, TokenStream(), stop_after=stop_at) is None
-    train.train(interrupted, TokenStream())  # resumes from the last checkpoint (step 2 or 4)
+    assert train.train(interrupted, TokenStream(4096, 64), stop_after=stop_at) is None
+    train.train(interrupted, TokenStream(4096, 64))  # resumes from the last checkpoint (step 2 or 4)
     model_a, optim_a = _final_state(Path(full.run_dir))
     model_b, optim_b = _final_state(Path(interrupted.run_dir))
     _assert_same_state(model_a, model_b)
@@ -123,11 +103,11 @@ def test_resuming_at_any_step_reproduces_the_uninterrupted_run_bit_for_bit(tmp_p
 def test_cold_scale_resume_drops_the_caches_and_changes_the_trajectory(tmp_path):
     recipe = _recipe_with_interval(tmp_path, 3)
     warm = _config(tmp_path / "warm", recipe=recipe)
-    train.train(warm, TokenStream(), stop_after=3)
-    train.train(warm, TokenStream())
+    train.train(warm, TokenStream(4096, 64), stop_after=3)
+    train.train(warm, TokenStream(4096, 64))
     cold = _config(tmp_path / "cold", recipe=recipe, cold_scale_resume=True)
-    train.train(cold, TokenStream(), stop_after=3)
-    train.train(cold, TokenStream())
+    train.train(cold, TokenStream(4096, 64), stop_after=3)
+    train.train(cold, TokenStream(4096, 64))
     a, _ = _final_state(Path(warm.run_dir))
     b, _ = _final_state(Path(cold.run_dir))
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -135,21 +115,21 @@ def test_cold_scale_resume_drops_the_caches_and_changes_the_trajectory(tmp_path)
 
 def test_corrupted_or_truncated_checkpoint_is_refused_with_the_file_named(tmp_path):
     cfg = _config(tmp_path, steps=2)
-    train.train(cfg, TokenStream())
+    train.train(cfg, TokenStream(4096, 64))
     ckpt = checkpoint.latest(Path(cfg.run_dir) / "checkpoints")
     model_file = ckpt / "model.pt"
     data = model_file.read_bytes()
     model_file.write_bytes(data[: len(data) // 2])
     with pytest.raises(checkpoint.CheckpointError, match="model.pt.*truncated"):
-        train.train(dataclasses.replace(cfg, steps=4), TokenStream())
+        train.train(dataclasses.replace(cfg, steps=4), TokenStream(4096, 64))
     model_file.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(checkpoint.CheckpointError, match="model.pt.*corrupted"):
-        train.train(dataclasses.replace(cfg, steps=4), TokenStream())
+        train.train(dataclasses.replace(cfg, steps=4), TokenStream(4096, 64))
 
 
 def test_run_records_metrics_counters_conversion_and_provenance(tmp_path):
     cfg = _config(tmp_path, steps=4, log_every=2)
-    final = train.train(cfg, TokenStream())
+    final = train.train(cfg, TokenStream(4096, 64))
     record = json.loads(final.read_text())
     assert record["recipe"] == "ue5m3_b16" and record["seed"] == 3 and record["step"] == 4
     assert set(record["counters"]) == {"loss_above_3", "grad_norm_above_1"}
@@ -165,7 +145,7 @@ def test_run_records_metrics_counters_conversion_and_provenance(tmp_path):
 
 
 def test_bf16_recipe_trains_without_fp4_modules(tmp_path):
-    final = train.train(_config(tmp_path, recipe="bf16", steps=2), TokenStream())
+    final = train.train(_config(tmp_path, recipe="bf16", steps=2), TokenStream(4096, 64))
     assert json.loads(final.read_text())["recipe"] == "bf16"
 
 
@@ -192,12 +172,12 @@ def test_native_te_execution_fails_closed_without_a_blackwell_gpu(tmp_path):
     else:
         pytest.skip("a Blackwell GPU with Transformer Engine is present")
     with pytest.raises(native_te.NativeUnavailable):
-        train.train(_config(tmp_path, recipe="nvfp4_te", steps=1, execution="native_te"), TokenStream())
+        train.train(_config(tmp_path, recipe="nvfp4_te", steps=1, execution="native_te"), TokenStream(4096, 64))
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_final_record_says_the_run_was_emulated(tmp_path):
-    final = train.train(_config(tmp_path, recipe="nvfp4_te", steps=1), TokenStream())
+    final = train.train(_config(tmp_path, recipe="nvfp4_te", steps=1), TokenStream(4096, 64))
     assert json.loads(final.read_text())["execution"] == {
         "execution": "emulated",
         "gemm_model": "probe_matched",

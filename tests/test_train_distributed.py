@@ -51,7 +51,7 @@ def _deterministic_ue5m3(tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("recipe", "rel"), [("bf16", 1e-5), ("ue5m3_b16_rne", 1e-5), ("ue5m3_b16", 1e-3)])
+@pytest.mark.parametrize(("recipe", "rel"), [("bf16", 1e-5), ("ue5m3_b16_rne", 1e-5), ("ue5m3_b16", 5e-3)])
 def test_fsdp2_on_two_gloo_ranks_matches_the_single_process_run(tmp_path, recipe, rel):
     if recipe == "ue5m3_b16_rne":
         recipe = _deterministic_ue5m3(tmp_path)

@@ -312,12 +312,8 @@ def _validate_random_bits(
 
 def _round_magnitude(
     m: torch.Tensor, fmt: FloatFormat, mode: Rounding, random_bits: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Round non-negative finite magnitudes; returns (rounded values, integer grid index s_rounded, quantum exp).
-
-    Returns:
-        (value, quantum_exponent): ``value = rounded_integer * 2^quantum_exponent`` saturated at max finite.
-    """
+) -> torch.Tensor:
+    """Round non-negative finite magnitudes onto ``fmt``, saturated at its max finite value."""
     # Saturation after rounding equals clamping before it: rounding is monotone and max_finite is on the grid.
     m = torch.clamp(m, max=fmt.max_finite)
     _, exponent = torch.frexp(m)  # m = f * 2^exponent with f in [0.5, 1): floor(log2 m) = exponent - 1
@@ -336,7 +332,7 @@ def _round_magnitude(
     if not fmt.has_zero:
         value = torch.clamp(value, min=fmt.min_positive)
     # Rounding up can carry past max_finite only onto a reserved code; saturate.
-    return torch.clamp(value, max=fmt.max_finite), quantum_exponent
+    return torch.clamp(value, max=fmt.max_finite)
 
 
 def round_to_format(
@@ -372,7 +368,7 @@ def round_to_format(
     if not fmt.signed and bool((x < 0).any()):
         raise ValueError(f"tensor {name!r} has negative values but format {fmt.name!r} is unsigned")
     bits = _validate_random_bits(x, mode, random_bits, generator)
-    value, _ = _round_magnitude(x.abs(), fmt, mode, bits)
+    value = _round_magnitude(x.abs(), fmt, mode, bits)
     return torch.copysign(value, x) if fmt.signed else value
 
 

@@ -333,7 +333,7 @@ def _block_scales(
         exponent = torch.clamp(torch.nan_to_num(exponent, neginf=-1e4), scale_fmt.min_exponent, scale_fmt.max_exponent)
         return _power_of_two(exponent), torch.zeros_like(saturated), saturated
     ideal = torch.clamp(ideal, max=scale_fmt.max_finite)
-    values, _ = formats._round_magnitude(ideal, scale_fmt, Rounding.RNE, None)  # scales are always RNE
+    values = formats._round_magnitude(ideal, scale_fmt, Rounding.RNE, None)  # scales are always RNE
     zero = values == 0
     if scheme.zero_scale_repair:
         values = torch.where(zero, torch.ones_like(values), values)
@@ -450,7 +450,7 @@ def quantize(
     element_max = scheme.element.max_finite
     scaled = torch.clamp(blocks * multiplier, -element_max, element_max)
     block_bits = layout.to_blocks(bits) if bits is not None else None
-    magnitude, _ = formats._round_magnitude(scaled.abs(), scheme.element, rounding, block_bits)
+    magnitude = formats._round_magnitude(scaled.abs(), scheme.element, rounding, block_bits)
     return QuantizedTensor(
         scheme=scheme,
         rounding=rounding,

@@ -17,7 +17,8 @@ Modules, in pipeline order:
 * :mod:`~ue5m3.data.tokenizer`: byte-level BPE training (PAD 0, BOS 1, EOS 2) and loading any tokenizer.json;
 * :mod:`~ue5m3.data.shards`: memory-mapped uint16/uint32 token shards with per-document offsets;
 * :mod:`~ue5m3.data.loader`: mixing, packing, rank sharding, the checkpointable cursor, evaluation sets;
-* :mod:`~ue5m3.data.build`: all steps end to end (:func:`build_data`, :func:`open_data`).
+* :mod:`~ue5m3.data.build`: all steps end to end (:func:`build_data`, :func:`open_data`);
+* :mod:`~ue5m3.data.synthetic`: random-token batches with the loader's interface (tests, benchmarks).
 
 Every file is written atomically (temporary file, then ``os.replace``) and no step touches the network unless an
 ``hf://`` URI is configured.
@@ -29,9 +30,11 @@ from ue5m3.data.corpus import SPLITS, ngram_overlap, prepare_corpus, read_split,
 from ue5m3.data.loader import DataExhausted, EvalSet, PackedStream, build_eval_set, check_disjoint, mix_schedule
 from ue5m3.data.shards import TokenShards, token_dtype, tokenize_to_shards
 from ue5m3.data.sources import EVAL_OVERLAP, Document, cpython_documents, read_records, sotu_documents, stream_documents
+from ue5m3.data.synthetic import RandomTokenStream
 from ue5m3.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [
+    "RandomTokenStream",
     "BOS_ID",
     "EOS_ID",
     "PAD_ID",
