@@ -242,7 +242,7 @@ def _probe_matched_rows(
         if bad_cols.numel():
             parts = _block_partials(a2[:, cols], sa[:, cols], b2[cols][:, bad_cols], sb[cols][:, bad_cols], block)
             partials[j][:, bad_cols] = _exact_sum_to_fp32(parts).to(torch.float64)
-    acc = torch.zeros(m, n, dtype=torch.float32)
+    acc = torch.zeros(m, n, dtype=torch.float32, device=partials.device)
     for partial in partials:
         p32 = partial.to(torch.float32)  # the one RNE rounding of the exact slice sum
         acc = add_rtz(acc, p32) if rounding is Rounding.RTZ else acc + p32
@@ -252,7 +252,7 @@ def _probe_matched_rows(
 def _mma_sim_tile(a2, sa, b2, sb, block, width) -> torch.Tensor:
     parts = _block_partials(a2, sa, b2, sb, block)  # [nb, M, N] exact FP64
     per_instr = width // block
-    acc = torch.zeros(parts.shape[1:], dtype=torch.float32)
+    acc = torch.zeros(parts.shape[1:], dtype=torch.float32, device=parts.device)
     for j in range(parts.shape[0] // per_instr):
         terms = torch.cat([parts[j * per_instr : (j + 1) * per_instr], acc.to(torch.float64)[None]])
         _, exps = torch.frexp(terms)
@@ -311,7 +311,7 @@ def matmul(
         raise ValueError(f"final_grid must be a power of two >= 2 or None, got {final_grid!r}")
     a2, sa = _blocked_along_k(a_q, "A", block)
     b2, sb = _blocked_along_k(b_q, "B", block)
-    out = torch.empty(m, n, dtype=torch.float32)
+    out = torch.empty(m, n, dtype=torch.float32, device=a2.device)
     if model is OutputModel.MMA_SIM:
         rows_per_tile = max(1, tile_elements // max(n * (k // block), 1))
         for r0 in range(0, m, rows_per_tile):
@@ -333,7 +333,7 @@ def matmul(
     row_budget = (53 - guard) // 2
     bad_rows = torch.nonzero((ops["span_a"] > row_budget).any(1)).flatten()
     bad_cols = torch.nonzero((ops["span_b"] > 53 - guard - row_budget).any(0)).flatten()
-    if cpu_kernel.available():
+    if a2.device.type == "cpu" and b2.device.type == "cpu" and cpu_kernel.available():
         # Fused slice-wise GEMM (bit-identical to the path below where FP64 slice sums are exact); outputs
         # touching an inexact slice are then recomputed through the exact path.
         out = cpu_kernel.probe_gemm(
@@ -351,6 +351,6 @@ def matmul(
         return out * scale
     rows_per_tile = max(1, tile_elements // max(n * slices, 1))
     for r0 in range(0, m, rows_per_tile):
-        rows = torch.arange(r0, min(m, r0 + rows_per_tile))
+        rows = torch.arange(r0, min(m, r0 + rows_per_tile), device=a2.device)
         out[rows] = _probe_matched_rows(_take(ops, rows, None), block, slice_width, cross_slice_rounding, final_grid)
     return out * scale

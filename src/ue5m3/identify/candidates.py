@@ -1,0 +1,235 @@
+"""Candidate GEMM output models for emulator identification, evaluated exactly on the products of each cell.
+
+A candidate says how a GEMM's FP32 result is formed from the exact products p_k = A[i, k] * B[k, j] of one
+output cell (gemm spec sections 2-3), with five parameters:
+
+* ``slice_width`` w: K is cut into consecutive slices (one MMA instruction or hardware K-group) of w products,
+  the last one padded with zeros; None means one slice over the whole of K (the "exact sum" model).
+* ``partial_bits`` b: how a slice meets the running accumulator c.
+  - None ("exact"): the slice's exact sum is rounded once to FP32 (RNE), p_j, then c <- round(c + p_j).
+  - b ("fused"): the slice's terms (the exact block sums: 16-element blocks for block-scaled operands, single
+    products for FP8) and c are aligned to the largest of them, every one truncated toward zero b bits below that
+    largest leading bit, summed exactly and rounded once to FP32: c <- round(sum trunc_b(t)). MMA-Sim's
+    Blackwell model is w = 64, b = 35, RTZ; published Hopper FP8 models are w = 32, b = 13-14, truncation.
+* ``rounding`` (RNE or RTZ): the FP32 rounding of every accumulator update.
+* ``promotion`` P: every P of K the (inner) accumulator is added with an RNE FP32 addition into an outer FP32
+  accumulator and restarts at zero (CUTLASS/cuBLAS-style promotion of Hopper FP8 tensor-core sums); None = never.
+* ``final_grid`` d: the encoded accumulator is snapped to the 1/d lattice (ties to even) before alpha; None = no
+  snap.
+
+With b + 1 + log2(terms per step) <= 24 every fused sum fits FP32 exactly, so the ``rne`` and ``rtz`` twins of such
+a candidate are the same model: the fitter reports both as identified.
+
+The paper's probe-matched model is ``w64-exact-rtz-g1024``; MMA-Sim's is ``w64-fused35-rtz``. Candidates are
+named by a canonical string (:attr:`Candidate.name`, :func:`parse`), which is how configs and tables spell them.
+
+Exactness: products of two FP32 operands are exact in FP64; exact slice sums use the superaccumulator of
+:mod:`ue5m3.accumulation` (correct for any exponent spread); fused sums of truncated terms hold at most b + 1
+significant bits each, so with b <= 47 their FP64 sum of up to 17 terms is exact. tests/test_identify.py pins
+``w64-exact-*`` to :func:`ue5m3.gemm.matmul` ``probe_matched`` and ``w64-fused35-rtz`` to its ``mma_sim``, and
+every candidate to a scalar reference in ``fractions``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..accumulation import exact_sum, slice_partials, snap
+from ..formats import Rounding
+from ..gemm import add_rtz
+
+__all__ = ["Candidate", "parse", "candidate_grid", "accumulate_cells", "PROBE_MATCHED", "MMA_SIM", "BASELINES"]
+
+MAX_PARTIAL_BITS = 47  # b + 1 bits per truncated term, up to 17 terms: the FP64 sum stays exact
+BASELINES = ("decoded", "encoded_fp32")  # torch FP32 matmuls, evaluated on the whole GEMM (not candidates)
+_NAME = re.compile(r"^w(?P<w>\d+|K)-(?:exact|fused(?P<b>\d+))-(?P<r>rne|rtz)(?:-p(?P<p>\d+))?(?:-g(?P<g>\d+))?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One hypothesis of how the hardware forms a GEMM output (see the module docstring)."""
+
+    slice_width: int | None
+    """Products per slice (a multiple of the operands' block size); None = the whole of K in one slice."""
+    partial_bits: int | None = None
+    """None: exact slice sums rounded once to FP32; b: fused slice + accumulator sum truncated b bits below
+    the largest term."""
+    rounding: Rounding = Rounding.RTZ
+    """FP32 rounding of each accumulator update (``rne`` or ``rtz``)."""
+    promotion: int | None = None
+    """K interval after which the inner accumulator is promoted into an outer FP32 sum (a multiple of the
+    slice width), or None."""
+    final_grid: int | None = None
+    """Denominator d of the 1/d snap of the encoded accumulator, or None."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rounding", Rounding(self.rounding))
+        if self.rounding not in (Rounding.RNE, Rounding.RTZ):
+            raise ValueError(f"candidate rounding must be 'rne' or 'rtz', got {self.rounding.value!r}")
+        if self.slice_width is not None and self.slice_width < 1:
+            raise ValueError(f"slice_width must be positive or None, got {self.slice_width!r}")
+        if self.partial_bits is not None and not 0 <= self.partial_bits <= MAX_PARTIAL_BITS:
+            raise ValueError(f"partial_bits must be in [0, {MAX_PARTIAL_BITS}] or None, got {self.partial_bits!r}")
+        if self.partial_bits is not None and self.slice_width is None:
+            raise ValueError("a fused candidate needs a slice_width (one fused step per slice)")
+        if self.promotion is not None:
+            if self.slice_width is None or self.promotion % self.slice_width or self.promotion <= self.slice_width:
+                raise ValueError(
+                    f"promotion must be a multiple of slice_width larger than it, got {self.promotion!r} "
+                    f"for slice_width {self.slice_width!r}"
+                )
+        if self.final_grid is not None and (self.final_grid < 2 or self.final_grid & (self.final_grid - 1)):
+            raise ValueError(f"final_grid must be a power of two >= 2 or None, got {self.final_grid!r}")
+
+    @property
+    def name(self) -> str:
+        """Canonical spelling, e.g. ``w64-exact-rtz-g1024`` or ``w32-fused13-rtz-p128``."""
+        width = "K" if self.slice_width is None else str(self.slice_width)
+        partial = "exact" if self.partial_bits is None else f"fused{self.partial_bits}"
+        promotion = "" if self.promotion is None else f"-p{self.promotion}"
+        grid = "" if self.final_grid is None else f"-g{self.final_grid}"
+        return f"w{width}-{partial}-{self.rounding.value}{promotion}{grid}"
+
+    @property
+    def accumulator(self) -> Candidate:
+        """The same candidate without the final snap (snaps are applied to one shared accumulator)."""
+        return replace(self, final_grid=None)
+
+    def check_block(self, block: int) -> None:
+        """Raise unless slices hold whole operand blocks of ``block`` elements."""
+        if self.slice_width is not None and self.slice_width % block:
+            raise ValueError(
+                f"candidate {self.name}: slice width {self.slice_width} is not a multiple of the operand "
+                f"block size {block}"
+            )
+
+
+def parse(name: str) -> Candidate:
+    """The candidate a canonical name spells (inverse of :attr:`Candidate.name`)."""
+    match = _NAME.match(name)
+    if match is None:
+        raise ValueError(
+            f"cannot parse candidate {name!r}; expected w<width|K>-<exact|fused<bits>>-<rne|rtz>[-p<promotion>]"
+            "[-g<grid>], e.g. 'w64-exact-rtz-g1024' or 'w32-fused13-rtz-p128'"
+        )
+
+    def number(key: str) -> int | None:
+        return None if match[key] in (None, "K") else int(match[key])
+
+    return Candidate(
+        slice_width=number("w"),
+        partial_bits=number("b"),
+        rounding=Rounding(match["r"]),
+        promotion=number("p"),
+        final_grid=number("g"),
+    )
+
+
+PROBE_MATCHED = parse("w64-exact-rtz-g1024")
+MMA_SIM = parse("w64-fused35-rtz")
+
+
+def candidate_grid(
+    *,
+    slice_widths: Sequence[int | None] = (16, 32, 64, 128, 256),
+    partial_bits: Sequence[int | None] = (None,),
+    roundings: Sequence[str] = ("rne", "rtz"),
+    promotions: Sequence[int | None] = (None,),
+    final_grids: Sequence[int | None] = (None, 256, 512, 1024, 2048, 4096),
+    extra: Iterable[str] = ("w64-fused35-rtz",),
+    exact_sum: bool = True,
+) -> list[Candidate]:
+    """The Cartesian product of the parameter lists (invalid combinations skipped), plus ``extra`` names and,
+    with ``exact_sum``, the one-slice exact sum under every final grid (the paper's "exact sum + snap")."""
+    out: dict[str, Candidate] = {}
+    for w, b, r, p, g in itertools.product(slice_widths, partial_bits, roundings, promotions, final_grids):
+        try:
+            candidate = Candidate(slice_width=w, partial_bits=b, rounding=Rounding(r), promotion=p, final_grid=g)
+        except ValueError:
+            continue  # e.g. a promotion interval not larger than the slice
+        out.setdefault(candidate.name, candidate)
+    for name in extra:
+        out.setdefault(parse(name).name, parse(name))
+    if exact_sum:
+        for g in final_grids:
+            out.setdefault(
+                Candidate(slice_width=None, rounding=Rounding.RNE, final_grid=g).name,
+                Candidate(slice_width=None, rounding=Rounding.RNE, final_grid=g),
+            )
+    return list(out.values())
+
+
+# ----- evaluation ----------------------------------------------------------------------------------------
+
+
+def _rtz_to_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Exact FP64 values rounded toward zero to FP32."""
+    r = x.to(torch.float32)
+    over = r.to(torch.float64).abs() > x.abs()
+    return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
+
+
+def _fused_step(terms: torch.Tensor, acc: torch.Tensor, bits: int, rounding: Rounding) -> torch.Tensor:
+    """One fused step: terms [C, n] FP64 and acc [C] FP32 aligned to their largest leading bit, truncated
+    ``bits`` below it, summed exactly and rounded once to FP32."""
+    everything = torch.cat([terms, acc.to(torch.float64)[:, None]], dim=1)
+    _, exps = torch.frexp(everything)  # |t| < 2^exp
+    exps = torch.where(everything != 0, exps, torch.full_like(exps, -(1 << 20)))
+    top = exps.amax(1, keepdim=True)
+    quantum = torch.ldexp(torch.ones_like(everything[:, :1]), (top - 1 - bits).clamp(min=-1074))
+    total = (torch.trunc(everything / quantum) * quantum).sum(1)  # exact: see MAX_PARTIAL_BITS
+    return _rtz_to_fp32(total) if rounding is Rounding.RTZ else total.to(torch.float32)
+
+
+def _update(acc: torch.Tensor, partial: torch.Tensor, rounding: Rounding) -> torch.Tensor:
+    return add_rtz(acc, partial) if rounding is Rounding.RTZ else acc + partial
+
+
+def accumulate_cells(products: torch.Tensor, candidate: Candidate, *, block: int = 1) -> torch.Tensor:
+    """The encoded FP32 accumulator of each cell under ``candidate`` (snap included, alpha not applied).
+
+    Args:
+        products: exact FP64 products [C, K] of C cells, in K order.
+        candidate: the output model.
+        block: the operands' scaling block along K (16 for NVFP4/UE5M3, 1 for unscaled FP8): fused steps take
+            the exact block sums as their terms, as block-scaled MMA hardware does.
+
+    Returns:
+        FP32 [C].
+    """
+    if products.dtype != torch.float64 or products.dim() != 2:
+        raise TypeError(f"products must be FP64 [C, K], got {products.dtype} {tuple(products.shape)}")
+    candidate.check_block(block)
+    cells, k = products.shape
+    width = candidate.slice_width or k
+    span = candidate.promotion or width
+    if k % span:  # hardware pads a partial last slice with zeros, which change no sum and no alignment
+        products = torch.nn.functional.pad(products, (0, span - k % span))
+        k = products.shape[1]
+    slices = k // width
+    if candidate.partial_bits is None:
+        partials, _ = slice_partials(products, width=width)  # [C, S] each exact sum rounded once (RNE)
+        partials = partials.reshape(cells, slices)
+    else:
+        if block > 1:  # exact block sums, the fused step's terms
+            terms = exact_sum(products.reshape(cells, k // block, block))
+        else:
+            terms = products
+        terms = terms.reshape(cells, slices, width // block)
+    per_promotion = (candidate.promotion or k) // width
+    outer = torch.zeros(cells, dtype=torch.float32)
+    inner = torch.zeros(cells, dtype=torch.float32)
+    for j in range(slices):
+        if candidate.partial_bits is None:
+            inner = _update(inner, partials[:, j], candidate.rounding)
+        else:
+            inner = _fused_step(terms[:, j], inner, candidate.partial_bits, candidate.rounding)
+        if candidate.promotion is not None and (j + 1) % per_promotion == 0:
+            outer, inner = outer + inner, torch.zeros_like(inner)  # promotion: an FP32 RNE addition
+    acc = inner if candidate.promotion is None else outer + inner
+    return snap(acc, candidate.final_grid)

@@ -1,0 +1,540 @@
+"""Probe GEMMs for emulator identification: what an oracle is asked to compute, saved with provenance.
+
+A :class:`Probe` is one GEMM C = A @ B (A [M, K], B [K, N]) and the output cells (rows[i], cols[i]) whose values
+are compared. Its operands are stored as the FP32 values a native GEMM is fed, and are *fixed points of the
+scheme's quantizer*: quantizing them (RNE, 1D blocks along K) reproduces them exactly, so Transformer Engine's
+NVFP4 quantizer (which :func:`ue5m3.quantize.quantize` reproduces bit for bit) hands the hardware exactly the
+payloads and scales every candidate model sees. FP8 probes hold E4M3 values with unit scales. Where operand rows
+are cut out of a larger tensor, one extra "carrier" row (column) holding the original tensor amax keeps the
+tensor scale, and with it every block scale, unchanged; carriers are never cells.
+
+Families (gemm spec section 3; one probe each, CPU or paper sizes from :class:`CorpusConfig`):
+
+* ``order``: permutations of the 16-wide K-blocks of one dot product (same products and exact sum, different
+  physical order), as the diagonal cells of a P x P GEMM; the base is the first witness, as in the paper, or
+  a Gaussian pair when there is no witness.
+* ``threshold``: same-sign dot products of one to three large terms and a few small ones 4-40 bits below them
+  at random K positions: whether a small term survives, and where, exposes the slice width, the partial-sum
+  precision, the rounding direction and the final grid.
+* ``broad_packed``: uniform E2M1 codes with power-of-two block scales 2^e, e uniform in -5..6, alpha = 1 (a
+  block without a +-6 gets one at a random position so that it is a quantizer fixed point); sampled cells.
+* ``broad_quantized``: wide Gaussian operands with log-normal row and column scales, quantized; sampled cells.
+* ``witness``: cells of a real model GEMM whose decoded-operand result lies within ``tolerance`` BF16 ulps of a
+  BF16 midpoint, so the accumulation order decides the BF16 output (compared in BF16).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .. import formats
+from ..artifacts import atomic_path
+from ..quantize import get_scheme, quantize
+
+__all__ = ["FP8", "FAMILIES", "Probe", "Corpus", "CorpusConfig", "make_corpus", "witness_probe", "order_probe"]
+
+FP8 = "fp8_e4m3"
+FAMILIES = ("order", "threshold", "broad_packed", "broad_quantized", "witness")
+COMPARE = ("fp32", "bf16")
+CARRIER = 16.0
+
+
+def _fixed_point(values: torch.Tensor, scheme: str, axis: int, name: str) -> torch.Tensor:
+    """Values that the scheme's quantizer (RNE, 1D along ``axis``) reproduces exactly: quantize-dequantize
+    until stable (one pass nearly always suffices; FP32 rounding of the scale can need a second)."""
+    if scheme == FP8:
+        out = formats.round_to_format(values, formats.E4M3, "rne")
+        return out
+    current = values.to(torch.float32)
+    for _ in range(4):
+        nxt = quantize(current, scheme, axis=axis, name=name).dequantize()
+        if torch.equal(nxt, current):
+            return current
+        current = nxt
+    raise ValueError(f"probe operand {name}: no quantizer fixed point under {scheme!r} after 4 passes")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe GEMM and the cells compared (see the module docstring).
+
+    Attributes:
+        family: one of :data:`FAMILIES` (also the probe's key in a corpus).
+        scheme: a block scheme name (``nvfp4``, ``ue5m3_b16``, ...) or ``fp8_e4m3``.
+        a: A [M, K] FP32 values fed to the GEMM (quantizer fixed points).
+        b: B [K, N] FP32 values.
+        rows: int64 [C] output rows of the compared cells.
+        cols: int64 [C] output columns.
+        compare: ``fp32`` (bitwise FP32 outputs) or ``bf16`` (outputs cast to BF16, as a linear returns them).
+    """
+
+    family: str
+    scheme: str
+    a: torch.Tensor
+    b: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    compare: str = "fp32"
+
+    def __post_init__(self) -> None:
+        where = f"probe {self.family!r}"
+        if self.family not in FAMILIES:
+            raise ValueError(f"{where}: family must be one of {FAMILIES}")
+        if self.compare not in COMPARE:
+            raise ValueError(f"{where}: compare must be one of {COMPARE}, got {self.compare!r}")
+        if self.a.dim() != 2 or self.b.dim() != 2 or self.a.shape[1] != self.b.shape[0]:
+            raise ValueError(
+                f"{where}: needs A [M, K] and B [K, N], got {tuple(self.a.shape)} and {tuple(self.b.shape)}"
+            )
+        if self.a.dtype != torch.float32 or self.b.dtype != torch.float32:
+            raise TypeError(f"{where}: operands must be FP32 values")
+        if self.rows.shape != self.cols.shape or self.rows.dim() != 1 or self.rows.numel() == 0:
+            raise ValueError(f"{where}: rows and cols must be equal-length non-empty 1-D index tensors")
+        if (
+            int(self.rows.max()) >= self.a.shape[0]
+            or int(self.cols.max()) >= self.b.shape[1]
+            or int(torch.minimum(self.rows.min(), self.cols.min())) < 0
+        ):
+            raise ValueError(f"{where}: a cell index lies outside the {self.a.shape[0]} x {self.b.shape[1]} output")
+        if self.a.shape[1] % self.block:
+            raise ValueError(f"{where}: K={self.a.shape[1]} is not a multiple of the block size {self.block}")
+        for operand, values, axis in (("A", self.a, 1), ("B", self.b, 0)):
+            if not torch.equal(_fixed_point(values, self.scheme, axis, f"{self.family}.{operand}"), values):
+                raise ValueError(f"{where}: operand {operand} is not a fixed point of the {self.scheme} quantizer")
+
+    @property
+    def block(self) -> int:
+        return 1 if self.scheme == FP8 else get_scheme(self.scheme).block_size
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a.shape[0], self.a.shape[1], self.b.shape[1]
+
+    def quantized(self) -> tuple[Any, Any]:
+        """The operands as QuantizedTensors (block schemes only)."""
+        if self.scheme == FP8:
+            raise ValueError(f"probe {self.family!r}: FP8 probes have no block quantization")
+        return (
+            quantize(self.a, self.scheme, axis=1, name=f"{self.family}.A"),
+            quantize(self.b, self.scheme, axis=0, name=f"{self.family}.B"),
+        )
+
+    def encoded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(A encoded [M, K], B encoded [K, N], alpha): what the tensor core multiplies, and the FP32 factor
+        that maps the accumulator back (gemm spec section 2); FP8 probes are their own encoding, alpha = 1."""
+        if self.scheme == FP8:
+            return self.a, self.b, torch.ones((), dtype=torch.float32)
+        from ..gemm import alpha  # noqa: PLC0415 - keeps probes importable without the GEMM layer
+
+        a_q, b_q = self.quantized()
+        return a_q.encoded(), b_q.encoded(), alpha(a_q, b_q)
+
+    def products(self) -> torch.Tensor:
+        """Exact FP64 products [C, K] of the encoded operands of every cell."""
+        enc_a, enc_b, _ = self.encoded()
+        return enc_a[self.rows].to(torch.float64) * enc_b[:, self.cols].T.to(torch.float64)
+
+    def cast(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Outputs in the dtype this probe compares."""
+        return outputs.to(torch.bfloat16) if self.compare == "bf16" else outputs.to(torch.float32)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusConfig:
+    """Sizes and seed of a probe corpus (defaults: CPU scale; ``config/paper.yaml`` has the paper's)."""
+
+    scheme: str = "nvfp4"
+    """Block scheme of the operands (``nvfp4`` for Blackwell, ``fp8_e4m3`` for Hopper FP8, any for emulators)."""
+    seed: int = 20260721
+    """Seed of every random draw."""
+    order_k: int = 1024
+    """K of the order tests' base dot product when there is no witness (else the witness GEMM's K)."""
+    order_permutations: int = 64
+    """Permutations of the base's K-blocks, the identity included (258 in the paper)."""
+    threshold_k: int = 512
+    """K of the threshold probes."""
+    threshold_cells: int = 512
+    """Threshold dot products."""
+    broad_m: int = 64
+    """Rows of the broad probe GEMMs (128 in the paper)."""
+    broad_n: int = 64
+    """Columns of the broad probe GEMMs (256 in the paper)."""
+    broad_k: int = 1024
+    """K of the broad probe GEMMs (6144 in the paper)."""
+    broad_cells: int = 256
+    """Cells sampled from each broad GEMM (512 in the paper)."""
+    witness_tolerance: float = 0.125
+    """Largest distance of a witness's decoded result from a BF16 midpoint, in BF16 ulps."""
+    witness_cells: int = 64
+    """Most witnesses kept, nearest the midpoint first."""
+
+    def __post_init__(self) -> None:
+        if self.scheme != FP8:
+            get_scheme(self.scheme)  # raises for an unknown scheme, naming it
+        for key in ("order_k", "threshold_k", "broad_k"):
+            if getattr(self, key) <= 0 or getattr(self, key) % 256:
+                raise ValueError(f"corpus config: {key} must be a positive multiple of 256, got {getattr(self, key)!r}")
+        for key in ("order_permutations", "threshold_cells", "broad_m", "broad_n", "broad_cells", "witness_cells"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"corpus config: {key} must be positive, got {getattr(self, key)!r}")
+        if self.broad_cells > self.broad_m * self.broad_n:
+            raise ValueError("corpus config: broad_cells exceeds broad_m * broad_n")
+        if not 0 < self.witness_tolerance <= 0.5:
+            raise ValueError(
+                f"corpus config: witness_tolerance must be in (0, 0.5] ulps, got {self.witness_tolerance!r}"
+            )
+
+
+# ----- element and scale values ---------------------------------------------------------------------------
+
+
+def _element_format(scheme: str) -> formats.FloatFormat:
+    return formats.E4M3 if scheme == FP8 else get_scheme(scheme).element
+
+
+def _carrier_amax(scheme: str) -> float:
+    """Tensor amax that makes the tensor scale 1 (alpha = 1): T * F."""
+    s = get_scheme(scheme)
+    return float(s.target) * s.element.max_finite
+
+
+def _round_scale(log2_value: torch.Tensor, scheme: str) -> torch.Tensor:
+    """Scale (or FP8 element) values nearest 2^log2_value, clamped into the positive range of the format."""
+    fmt = formats.E4M3 if scheme == FP8 else get_scheme(scheme).scale
+    value = torch.exp2(log2_value.to(torch.float32)).clamp(fmt.min_positive, fmt.max_finite)
+    return formats.round_to_format(value, fmt, "rne").clamp(min=fmt.min_positive)
+
+
+def _design_dot(
+    magnitudes: torch.Tensor, positions: torch.Tensor, sign: float, k: int, scheme: str, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row a [K] and column b [K] whose dot product has one term of about each magnitude (log2) at each
+    position (a block index for block schemes, an element index for FP8), all of sign ``sign``."""
+    a, b = torch.zeros(k), torch.zeros(k)
+    split = torch.rand(magnitudes.shape, generator=gen) * 6 - 3  # how the magnitude divides between A and B
+    if scheme == FP8:
+        a[positions] = sign * _round_scale(magnitudes / 2 + split, scheme)
+        b[positions] = _round_scale(magnitudes / 2 - split, scheme)
+        return a, b
+    block = get_scheme(scheme).block_size
+    element = get_scheme(scheme).element
+    payloads = element.finite_values().to(torch.float32)
+    payloads = payloads[payloads > 0]
+    top = element.max_finite
+    for t in range(magnitudes.numel()):
+        slot = torch.randperm(block, generator=gen)[:3].tolist()  # term, A's 6-carrier, B's 6-carrier
+        pa, pb = payloads[torch.randint(len(payloads), (2,), generator=gen)].tolist()
+        log2_scales = float(magnitudes[t]) - math.log2(pa * pb)
+        sa = _round_scale(torch.tensor(log2_scales / 2 + float(split[t])), scheme)
+        sb = _round_scale(torch.tensor(log2_scales / 2 - float(split[t])), scheme)
+        base = int(positions[t]) * block
+        a[base + slot[0]], b[base + slot[0]] = sign * pa * sa, pb * sb
+        a[base + slot[1]], b[base + slot[2]] = top * sa, top * sb  # each meets a zero of the other operand
+    return a, b
+
+
+def _with_carrier(values: torch.Tensor, amax: float, axis: int) -> torch.Tensor:
+    """Append one row (axis 0) or column (axis 1) whose single nonzero holds ``amax``: sets the tensor amax."""
+    shape = list(values.shape)
+    shape[axis] = 1
+    line = torch.zeros(shape)
+    line.view(-1)[0] = amax
+    return torch.cat([values, line], dim=axis)
+
+
+# ----- families -------------------------------------------------------------------------------------------
+
+
+def threshold_probe(cfg: CorpusConfig, gen: torch.Generator) -> Probe:
+    k, cells, scheme = cfg.threshold_k, cfg.threshold_cells, cfg.scheme
+    positions_available = k // (1 if scheme == FP8 else get_scheme(scheme).block_size)
+    a_rows, b_cols = [], []
+    for _ in range(cells):
+        anchors = int(torch.randint(1, 4, (), generator=gen))
+        smalls = int(torch.randint(1, 13, (), generator=gen))
+        n = min(anchors + smalls, positions_available)
+        top = float(torch.randint(-14, 21, (), generator=gen))
+        shifts = torch.cat([torch.rand(anchors, generator=gen) * 3, 4 + torch.rand(smalls, generator=gen) * 36])[:n]
+        positions = torch.randperm(positions_available, generator=gen)[:n]
+        sign = 1.0 if bool(torch.rand((), generator=gen) < 0.75) else -1.0
+        a, b = _design_dot(top - shifts, positions, sign, k, scheme, gen)
+        a_rows.append(a)
+        b_cols.append(b)
+    a, b = torch.stack(a_rows), torch.stack(b_cols, dim=1)
+    if scheme != FP8:
+        amax = _carrier_amax(scheme)
+        a, b = _with_carrier(a, amax, 0), _with_carrier(b, amax, 1)
+    index = torch.arange(cells)
+    return Probe(
+        family="threshold",
+        scheme=scheme,
+        a=_fixed_point(a, scheme, 1, "threshold.A"),
+        b=_fixed_point(b, scheme, 0, "threshold.B"),
+        rows=index,
+        cols=index,
+    )
+
+
+def _packed_random(rows: int, k: int, scheme: str, gen: torch.Generator) -> torch.Tensor:
+    """[rows, K] uniform element codes times power-of-two block scales 2^e, e uniform in -5..6."""
+    fmt = _element_format(scheme)
+    codes = fmt.finite_codes()  # both zeros: uniform over codes, not over values
+    values = formats.decode(codes[torch.randint(codes.numel(), (rows, k), generator=gen)], fmt)
+    if scheme == FP8:
+        return values
+    block = get_scheme(scheme).block_size
+    top = fmt.max_finite
+    blocks = values.reshape(rows, k // block, block)
+    missing = blocks.abs().amax(-1) < top  # give such blocks one +-top so that the scale is exactly 2^e
+    slot = torch.randint(block, missing.shape, generator=gen)
+    sign = torch.where(torch.rand(missing.shape, generator=gen) < 0.5, -top, top)
+    blocks.scatter_(
+        -1, slot[..., None], torch.where(missing, sign, blocks.gather(-1, slot[..., None])[..., 0])[..., None]
+    )
+    scales = torch.exp2(torch.randint(-5, 7, (rows, k // block, 1), generator=gen).to(torch.float32))
+    return (blocks * scales).reshape(rows, k)
+
+
+def _sample_cells(m: int, n: int, count: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = torch.randperm(m * n, generator=gen)[:count].sort().values
+    return flat // n, flat % n
+
+
+def broad_probe(cfg: CorpusConfig, gen: torch.Generator, *, packed: bool) -> Probe:
+    m, n, k, scheme = cfg.broad_m, cfg.broad_n, cfg.broad_k, cfg.scheme
+    if packed:
+        a = _packed_random(m, k, scheme, gen)
+        b = _packed_random(n, k, scheme, gen).T.contiguous()
+        if scheme != FP8:
+            amax = _carrier_amax(scheme)
+            a, b = _with_carrier(a, amax, 0), _with_carrier(b, amax, 1)
+    else:
+        row_scale = torch.exp(torch.randn(m, 1, generator=gen))
+        col_scale = torch.exp(torch.randn(1, n, generator=gen)) * 0.05
+        a = torch.randn(m, k, generator=gen) * row_scale
+        b = torch.randn(k, n, generator=gen) * col_scale
+        if scheme == FP8:  # per-tensor unit scales: keep values inside E4M3's range
+            a, b = a * (64 / a.abs().max()), b * (64 / b.abs().max())
+    family = "broad_packed" if packed else "broad_quantized"
+    rows, cols = _sample_cells(m, n, cfg.broad_cells, gen)
+    return Probe(
+        family=family,
+        scheme=scheme,
+        a=_fixed_point(a, scheme, 1, f"{family}.A"),
+        b=_fixed_point(b, scheme, 0, f"{family}.B"),
+        rows=rows,
+        cols=cols,
+    )
+
+
+def _bf16_midpoint_distance(values: torch.Tensor) -> torch.Tensor:
+    """|v - nearest BF16 midpoint| in BF16 ulps (0 = exactly a tie between two BF16 neighbours)."""
+    nearest = values.to(torch.bfloat16)
+    toward = torch.where(
+        nearest.float() <= values, torch.full_like(values, math.inf), torch.full_like(values, -math.inf)
+    )
+    other = torch.nextafter(nearest, toward.to(torch.bfloat16)).float()
+    nearest = nearest.float()
+    midpoint = (nearest + other) / 2  # exact: both carry 8 significant bits
+    return ((values - midpoint).abs() / (other - nearest).abs()).nan_to_num(nan=1.0, posinf=1.0)
+
+
+def witness_probe(x: torch.Tensor, w: torch.Tensor, cfg: CorpusConfig) -> Probe:
+    """Witness cells of the forward GEMM y = x @ w.T of a real linear (x [T, K] inputs, w [N, K] weights).
+
+    The operands are quantized as the forward GEMM quantizes them (1D along K); the decoded-operand torch
+    result of every cell is measured against the BF16 midpoints, and the nearest (within the tolerance) kept.
+    """
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"witness GEMM needs x [T, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    a = _fixed_point(x.float(), cfg.scheme, 1, "witness.A")
+    b = _fixed_point(w.float().T.contiguous(), cfg.scheme, 0, "witness.B")
+    decoded = torch.matmul(a, b)
+    distance = _bf16_midpoint_distance(decoded).flatten()
+    near = torch.nonzero(distance <= cfg.witness_tolerance).flatten()
+    if near.numel() == 0:
+        raise ValueError(
+            f"no output of the {tuple(a.shape)} x {tuple(b.shape)} GEMM lies within {cfg.witness_tolerance} BF16 ulps "
+            "of a BF16 midpoint; use a larger GEMM or a larger witness_tolerance"
+        )
+    keep = near[torch.argsort(distance[near], stable=True)][: cfg.witness_cells].sort().values
+    return Probe(
+        family="witness", scheme=cfg.scheme, a=a, b=b, rows=keep // b.shape[1], cols=keep % b.shape[1], compare="bf16"
+    )
+
+
+def order_probe(
+    base_a: torch.Tensor,
+    base_b: torch.Tensor,
+    cfg: CorpusConfig,
+    gen: torch.Generator,
+    *,
+    amax: tuple[float, float] | None = None,
+) -> Probe:
+    """Permutations of the K-blocks of one dot product a . b (a, b [K] quantizer fixed points of a tensor whose
+    amaxes are ``amax``) as the diagonal cells of a P x P GEMM; permutation 0 is the identity."""
+    k = base_a.numel()
+    block = 1 if cfg.scheme == FP8 else get_scheme(cfg.scheme).block_size
+    group = 16 if k % 16 == 0 and 16 % block == 0 else block
+    orders = [torch.arange(k // group)] + [
+        torch.randperm(k // group, generator=gen) for _ in range(cfg.order_permutations - 1)
+    ]
+    index = torch.stack([(o[:, None] * group + torch.arange(group)).flatten() for o in orders])  # [P, K]
+    a, b = base_a[index], base_b[index].T.contiguous()
+    if amax is not None and cfg.scheme != FP8:
+        a, b = _with_carrier(a, amax[0], 0), _with_carrier(b, amax[1], 1)
+    cells = torch.arange(len(orders))
+    return Probe(
+        family="order",
+        scheme=cfg.scheme,
+        a=_fixed_point(a, cfg.scheme, 1, "order.A"),
+        b=_fixed_point(b, cfg.scheme, 0, "order.B"),
+        rows=cells,
+        cols=cells,
+    )
+
+
+def _span_bits(products: torch.Tensor) -> torch.Tensor:
+    """Per cell: bits from the lowest set bit of the smallest nonzero product to the top of the largest (an
+    operand-only measure of how much rounding the sum can need; 0 for all-zero cells)."""
+    mantissa, exponent = torch.frexp(products)
+    _, low = torch.frexp(
+        mantissa
+        * 2.0**53
+        / (mantissa * 2.0**53)
+        .to(torch.int64)
+        .bitwise_and(-(mantissa * 2.0**53).to(torch.int64))
+        .to(torch.float64)
+        .clamp(min=1)
+    )
+    nonzero = products != 0
+    top = torch.where(nonzero, exponent, -(1 << 20)).amax(1)
+    bottom = torch.where(nonzero, exponent - low, 1 << 20).amin(1)
+    return torch.where(nonzero.any(1), top - bottom, 0)
+
+
+def _order_tests(witness: Probe | None, cfg: CorpusConfig, gen: torch.Generator) -> tuple[Probe, dict[str, Any]]:
+    """The order tests' base, chosen from the operands alone (never from a model): the witness whose products
+    span the most bits, as the paper used a witness; if no witness spans more than FP32's 24 bits (every order
+    of FP32 additions could then be exact and the tests would say nothing), a wide synthetic pair with
+    log-uniform block magnitudes over 2^-12 .. 2^12."""
+    if witness is not None:
+        spans = _span_bits(witness.products())
+        best = int(torch.argmax(spans))
+        if int(spans[best]) > 24:
+            row, col = int(witness.rows[best]), int(witness.cols[best])
+            amax = (float(witness.a.abs().max()), float(witness.b.abs().max()))
+            base = {"source": "witness", "cell": [row, col], "span_bits": int(spans[best])}
+            return order_probe(witness.a[row], witness.b[:, col], cfg, gen, amax=amax), base
+    block = 1 if cfg.scheme == FP8 else get_scheme(cfg.scheme).block_size
+    magnitude = torch.exp2(torch.rand(2, cfg.order_k // block, generator=gen) * 14 - 14).repeat_interleave(block, 1)
+    pair = torch.randn(2, cfg.order_k, generator=gen) * magnitude
+    base = {"source": "synthetic_wide", "witness_max_span_bits": None if witness is None else int(spans.max())}
+    if cfg.scheme == FP8:
+        a, b = (_fixed_point(v, FP8, 0, "order.base") for v in pair)
+        return order_probe(a, b, cfg, gen), base
+    # Carriers 2^10 above the pair's own amax: the pair then sits low in the tensor, with small encoded values
+    # and a small accumulator, as a row of a real activation tensor with outliers elsewhere does.
+    amax = (float(pair[0].abs().max()) * CARRIER, float(pair[1].abs().max()) * CARRIER)
+    a = _fixed_point(_with_carrier(pair[:1], amax[0], 0), cfg.scheme, 1, "order.base.A")
+    b = _fixed_point(_with_carrier(pair[1:].T.contiguous(), amax[1], 1), cfg.scheme, 0, "order.base.B")
+    amax = (float(a.abs().max()), float(b.abs().max()))
+    return order_probe(a[0], b[:, 0], cfg, gen, amax=amax), base
+
+
+# ----- corpus -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Probes keyed by family, the config that made them, and provenance."""
+
+    config: CorpusConfig
+    probes: dict[str, Probe]
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write one safetensors file atomically (tensors + JSON metadata); returns the path."""
+        tensors, meta = {}, {}
+        for name, probe in self.probes.items():
+            for key in ("a", "b", "rows", "cols"):
+                tensors[f"{name}.{key}"] = getattr(probe, key).contiguous().clone()  # rows may alias cols
+            meta[name] = {"scheme": probe.scheme, "compare": probe.compare}
+        header = {"config": asdict(self.config), "probes": meta, "provenance": dict(self.provenance)}
+        path = Path(path)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={"ue5m3_corpus": json.dumps(header, sort_keys=True)})
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Corpus:
+        from safetensors import safe_open  # noqa: PLC0415
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"probe corpus {path} does not exist; make it with 'ue5m3 make-probes'")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                header = json.loads((handle.metadata() or {})["ue5m3_corpus"])
+            tensors = load_file(str(path))
+        except Exception as err:  # truncated or foreign file
+            raise ValueError(f"{path} is not a readable ue5m3 probe corpus ({err})") from err
+        probes = {
+            name: Probe(
+                family=name,
+                a=tensors[f"{name}.a"],
+                b=tensors[f"{name}.b"],
+                rows=tensors[f"{name}.rows"],
+                cols=tensors[f"{name}.cols"],
+                **meta,
+            )
+            for name, meta in header["probes"].items()
+        }
+        return cls(config=CorpusConfig(**header["config"]), probes=probes, provenance=header["provenance"])
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def make_corpus(
+    cfg: CorpusConfig,
+    *,
+    witness_gemm: tuple[torch.Tensor, torch.Tensor] | None = None,
+    families: Sequence[str] = FAMILIES,
+    provenance: Mapping[str, Any] | None = None,
+) -> Corpus:
+    """Every requested family under one seed; ``witness_gemm`` (x, w) of a real linear gives the witnesses and
+    the order tests' base (without it the witness family is skipped and the base is Gaussian)."""
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown probe families {sorted(unknown)}; known: {list(FAMILIES)}")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    probes: dict[str, Probe] = {}
+    meta: dict[str, Any] = {}
+    if "witness" in families and witness_gemm is not None:
+        probes["witness"] = witness_probe(*witness_gemm, cfg)
+    if "order" in families:
+        probes["order"], base = _order_tests(probes.get("witness"), cfg, gen)
+        meta["order_base"] = base
+    if "threshold" in families:
+        probes["threshold"] = threshold_probe(cfg, gen)
+    if "broad_packed" in families:
+        probes["broad_packed"] = broad_probe(cfg, gen, packed=True)
+    if "broad_quantized" in families:
+        probes["broad_quantized"] = broad_probe(cfg, gen, packed=False)
+    return Corpus(config=cfg, probes=probes, provenance={**(provenance or {}), **meta})
