@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(lm_eval_args=[])
     verbs["lm-eval"] = _lm_eval
 
+    from .cli_identify import add_verbs
+
+    add_verbs(sub, verbs)  # make-probes, record-oracle, fit-emulator, parity, grid-control
     parser.set_defaults(_verbs=verbs)
     return parser
 
@@ -432,6 +435,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"ue5m3 {args.verb}: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # hardware that is not here: fail closed with the reason, no traceback
+        if type(err).__name__ not in ("OracleUnavailable", "NativeUnavailable"):
+            raise
+        print(f"ue5m3 {args.verb}: unavailable here: {err}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":
