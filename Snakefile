@@ -14,6 +14,7 @@ include: "workflow/rules/range_analysis.smk"
 include: "workflow/rules/accumulation.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/evaluation.smk"
+include: "workflow/rules/identification.smk"
 
 
 rule all:

@@ -38,6 +38,8 @@ def all_figures():
         *rules.training_figures.output,
         *rules.evaluation_figures.output,
         *rules.downstream_figures.output,
+        *rules.identification_figures.output,
+        *rules.grid_control_figures.output,
     ]
 
 
@@ -193,3 +195,120 @@ def downstream_results():
 def downstream_examples_arg():
     n = EVALUATION["downstream_examples"]
     return "all" if n is None else n
+
+
+# ----- identification ----------------------------------------------------------------------------------
+
+IDENT = config["identification"]
+HARDWARE_ORACLES = ("hopper_fp8", "native_te_nvfp4")
+
+
+def is_hardware(fit):
+    return not IDENT["fits"][fit]["oracle"].startswith("emulator:")
+
+
+def corpus_path(name):
+    return result_path("identify", "corpora", f"{name}.safetensors")
+
+
+def corpus_settings(wildcards):
+    """The corpus's CorpusConfig fields as JSON (validated by `ue5m3 make-probes`)."""
+    return json.dumps(IDENT["corpora"][wildcards.corpus], sort_keys=True)
+
+
+def witness_inputs(wildcards):
+    """The witness run's final.json, so that its checkpoint exists before the corpus is made."""
+    w = IDENT["witness"]
+    return [] if w is None else [str(Path(run_dir(w["group"], w["variant"], w["seed"])) / "final.json")]
+
+
+def witness_args(wildcards):
+    w = IDENT["witness"]
+    if w is None:
+        return ""
+    return (
+        f"--witness-run {run_dir(w['group'], w['variant'], w['seed'])} "
+        f"--witness-module {w['module']} --witness-sequences {w['sequences']}"
+    )
+
+
+def fit_corpus(wildcards):
+    return corpus_path(IDENT["fits"][wildcards.fit]["corpus"])
+
+
+def fit_labels(wildcards):
+    """Where a fit's oracle outputs are recorded: by the CPU rule or the GPU rule."""
+    name = "labels_gpu" if is_hardware(wildcards.fit) else "labels"
+    return result_path("identify", "fits", wildcards.fit, f"{name}.safetensors")
+
+
+def fit_partition(wildcards):
+    return IDENT["fits"][wildcards.fit].get("partition", "gpu")
+
+
+def candidate_args(wildcards):
+    """The fit's candidate grid as `ue5m3 fit-emulator` flags (null -> none)."""
+    grid = IDENT["fits"][wildcards.fit].get("candidates", IDENT["candidates"])
+
+    def words(values):
+        return " ".join("none" if v is None else str(v) for v in values)
+
+    flags = [
+        f"--{key.replace('_', '-')} {words(grid[key])}"
+        for key in (
+            "slice_widths",
+            "partial_bits",
+            "roundings",
+            "promotions",
+            "final_grids",
+        )
+    ]
+    flags.append("--extra " + " ".join(grid["extra"]))
+    return " ".join(flags)
+
+
+def fit_dirs():
+    return [result_path("identify", "fits", fit) for fit in IDENT["fits"]]
+
+
+def parity_is_native(name):
+    entry = IDENT["parity"][name]
+    return "native_te" in (entry["backend_a"], entry["backend_b"])
+
+
+def parity_report(name):
+    kind = "gpu" if parity_is_native(name) else "cpu"
+    return result_path("identify", "parity", kind, f"{name}.json")
+
+
+def parity_settings(wildcards):
+    """A TrainConfig for the parity run (`ue5m3 train-config` validates it)."""
+    entry = IDENT["parity"][wildcards.name]
+    settings = {
+        "run_dir": result_path("identify", "parity", "runs", wildcards.name),
+        "model": entry["model"],
+        "model_overrides": entry["model_overrides"],
+        "recipe": entry["recipe"],
+        "seed": 0,
+        "data": {**config["data"], "sequence_length": entry["sequence_length"]},
+        "steps": entry["steps"],
+        "micro_batch": entry["batch_size"],
+        "accumulation": 1,
+        "log_every": 1,
+        "checkpoint_every": entry["steps"],
+        "keep_every": 0,
+        "optim": TRAINING["optim"],
+    }
+    return json.dumps(settings, sort_keys=True)
+
+
+def parity_partition(wildcards):
+    return IDENT["parity"][wildcards.name].get("partition", "gpu")
+
+
+def grid_control_args():
+    g = IDENT["grid_control"]
+    grids = " ".join("none" if v is None else str(v) for v in g["grids"])
+    seeds = " ".join(map(str, g["seeds"]))
+    roundings = " ".join(g["roundings"])
+    return f"--seeds {seeds} --grids {grids} --roundings {roundings} --steps {g['steps']}"

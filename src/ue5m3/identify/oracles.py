@@ -174,6 +174,7 @@ class HopperFP8Oracle:
         b = b.T.contiguous().to(torch.float8_e4m3fn).T  # column-major B, as cuBLASLt FP8 requires
         one = torch.ones((), device=self.device, dtype=torch.float32)
         out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=self.fast_accum)
+        out = out[0] if isinstance(out, tuple) else out  # torch < 2.4 also returned the output amax
         return _cells(out[:m, :n], probe)
 
     def describe(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from ..artifacts import provenance, write_csv, write_json
 from .candidates import candidate_grid
 from .fit import fit
-from .oracles import EmulatorOracle, make_oracle
+from .oracles import make_oracle
 from .probes import Corpus, CorpusConfig, file_sha256, make_corpus
 
 __all__ = ["CANDIDATE_KEYS", "write_corpus", "fit_emulator"]
@@ -73,7 +73,8 @@ def fit_emulator(
     write_csv(paths["matches.csv"], table.rows(), ["candidate", "family", "passed", "total"])
     write_csv(paths["tables.csv"], table.paper_tables(), ["experiment", "variant", "candidate", "passed", "total"])
     identified, best = table.identified(), table.best()
-    hidden = oracle.candidate.name if isinstance(oracle, EmulatorOracle) else None
+    described = table.oracle.get("recorded", table.oracle)  # a recording says what it recorded
+    hidden = described.get("hidden_candidate")
     ranking = sorted(table.candidates, key=lambda name: -table.score(name))[:12]
     summary = {
         "oracle": table.oracle,

@@ -1,0 +1,180 @@
+# Emulator identification (gemm spec sections 3-4): probe corpora, oracle recordings (emulators here, hardware
+# oracles on GPU nodes), fits of the candidate grid with the paper's tables, backend parity, the tiny
+# grid-regression control, and their figures.
+
+
+wildcard_constraints:
+    corpus=r"[A-Za-z0-9_]+",
+    fit=r"[A-Za-z0-9_]+",
+    name=r"[A-Za-z0-9_]+",
+
+
+rule identify_corpus:
+    input:
+        witness_inputs,
+    output:
+        corpus_path("{corpus}"),
+    log:
+        log_path("identify", "corpus_{corpus}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        settings=corpus_settings,
+        witness=witness_args,
+    shell:
+        "ue5m3 make-probes --config-json {params.settings:q} {params.witness} --out {output} > {log} 2>&1"
+
+
+rule identify_record:
+    input:
+        fit_corpus,
+    output:
+        result_path("identify", "fits", "{fit}", "labels.safetensors"),
+    log:
+        log_path("identify", "record_{fit}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        oracle=lambda wildcards: IDENT["fits"][wildcards.fit]["oracle"],
+    shell:
+        "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
+
+
+rule identify_record_gpu:
+    input:
+        fit_corpus,
+    output:
+        result_path("identify", "fits", "{fit}", "labels_gpu.safetensors"),
+    log:
+        log_path("identify", "record_gpu_{fit}.log"),
+    conda:
+        "../../envs/cuda.yaml"
+    resources:
+        slurm_partition=fit_partition,
+        gres="gpu:1",
+        runtime=120,
+    params:
+        oracle=lambda wildcards: IDENT["fits"][wildcards.fit]["oracle"],
+    shell:
+        "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
+
+
+rule identify_fit:
+    input:
+        corpus=fit_corpus,
+        labels=fit_labels,
+    output:
+        matches=result_path("identify", "fits", "{fit}", "matches.csv"),
+        tables=result_path("identify", "fits", "{fit}", "tables.csv"),
+        summary=result_path("identify", "fits", "{fit}", "summary.json"),
+    log:
+        log_path("identify", "fit_{fit}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        candidates=candidate_args,
+        out_dir=subpath(output.summary, parent=True),
+    shell:
+        "ue5m3 fit-emulator --corpus {input.corpus} --oracle recorded:{input.labels} {params.candidates} --out {params.out_dir} > {log} 2>&1"
+
+
+rule identify_parity_config:
+    output:
+        result_path("identify", "parity", "configs", "{name}.yaml"),
+    log:
+        log_path("identify", "parity_config_{name}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        settings=parity_settings,
+    shell:
+        "ue5m3 train-config --json {params.settings:q} --out {output} > {log} 2>&1"
+
+
+rule identify_parity:
+    input:
+        rules.identify_parity_config.output,
+    output:
+        result_path("identify", "parity", "cpu", "{name}.json"),
+    log:
+        log_path("identify", "parity_{name}.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    params:
+        a=lambda wildcards: IDENT["parity"][wildcards.name]["backend_a"],
+        b=lambda wildcards: IDENT["parity"][wildcards.name]["backend_b"],
+        steps=lambda wildcards: IDENT["parity"][wildcards.name]["steps"],
+    shell:
+        "ue5m3 parity --config {input} --backend-a {params.a} --backend-b {params.b} --steps {params.steps} --out {output} > {log} 2>&1"
+
+
+rule identify_parity_gpu:
+    input:
+        rules.identify_parity_config.output,
+    output:
+        result_path("identify", "parity", "gpu", "{name}.json"),
+    log:
+        log_path("identify", "parity_gpu_{name}.log"),
+    conda:
+        "../../envs/cuda.yaml"
+    resources:
+        slurm_partition=parity_partition,
+        gres="gpu:1",
+        mem_mb=200000,
+        runtime=240,
+    params:
+        a=lambda wildcards: IDENT["parity"][wildcards.name]["backend_a"],
+        b=lambda wildcards: IDENT["parity"][wildcards.name]["backend_b"],
+        steps=lambda wildcards: IDENT["parity"][wildcards.name]["steps"],
+    shell:
+        "ue5m3 parity --config {input} --backend-a {params.a} --backend-b {params.b} --steps {params.steps} --out {output} > {log} 2>&1"
+
+
+rule grid_control:
+    output:
+        runs=result_path("identify", "grid_control", "runs.csv"),
+        curves=result_path("identify", "grid_control", "curves.csv"),
+        summary=result_path("identify", "grid_control", "summary.json"),
+    log:
+        log_path("identify", "grid_control.log"),
+    conda:
+        "../../envs/cpu.yaml"
+    threads: 1
+    params:
+        args=grid_control_args(),
+        out_dir=subpath(output.summary, parent=True),
+    shell:
+        "OMP_NUM_THREADS={threads} ue5m3 grid-control {params.args} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule identification_figures:
+    input:
+        summaries=[str(Path(d) / "summary.json") for d in fit_dirs()],
+        tables=[str(Path(d) / "tables.csv") for d in fit_dirs()],
+        parity=[parity_report(name) for name in IDENT["parity"]],
+    output:
+        figure=figure_path("emulator_identification.pdf"),
+        table=figure_path("emulator_identification_vs_paper.csv"),
+        parity=figure_path("parity.csv"),
+    log:
+        notebook=log_path("notebooks", "emulator_identification.ipynb"),
+    conda:
+        "../../envs/cpu.yaml"
+    notebook:
+        "../../notebooks/emulator_identification.ipynb"
+
+
+rule grid_control_figures:
+    input:
+        runs=rules.grid_control.output.runs,
+        curves=rules.grid_control.output.curves,
+        summary=rules.grid_control.output.summary,
+    output:
+        figure=figure_path("grid_regression_control.pdf"),
+        table=figure_path("grid_regression_control_vs_paper.csv"),
+    log:
+        notebook=log_path("notebooks", "grid_regression_control.ipynb"),
+    conda:
+        "../../envs/cpu.yaml"
+    notebook:
+        "../../notebooks/grid_regression_control.ipynb"
