@@ -24,8 +24,9 @@ from ue5m3.identify import (
     record,
 )
 from ue5m3.identify.candidates import Candidate, accumulate_cells
+from ue5m3.identify.corpus import Corpus
 from ue5m3.identify.oracles import HopperFP8Oracle, NativeNVFP4Oracle
-from ue5m3.identify.probes import FP8, Corpus, CorpusConfig, Probe, _bf16_midpoint_distance, witness_probe
+from ue5m3.identify.probes import FP8, CorpusConfig, Probe, _bf16_midpoint_distance, witness_probe
 from ue5m3.quantize import quantize
 
 SMALL = CorpusConfig(

@@ -5,9 +5,10 @@ probe corpus and returns the match table; ``ue5m3 fit-emulator`` is the command-
 """
 
 from .candidates import MMA_SIM, PROBE_MATCHED, Candidate, accumulate_cells, candidate_grid, parse
+from .corpus import Corpus, make_corpus
 from .fit import MatchTable, fit
 from .oracles import EmulatorOracle, OracleUnavailable, RecordedOracle, make_oracle, record
-from .probes import Corpus, CorpusConfig, Probe, make_corpus
+from .probes import CorpusConfig, Probe
 
 __all__ = [
     "Candidate",

@@ -24,7 +24,8 @@ from tqdm import tqdm
 from ..accumulation import snap
 from ..formats import Rounding
 from .candidates import BASELINES, Candidate, accumulate_cells
-from .probes import Corpus, Probe
+from .corpus import Corpus
+from .probes import Probe
 
 __all__ = ["MatchTable", "fit", "baseline_outputs", "matches"]
 

@@ -28,7 +28,8 @@ from safetensors.torch import save_file
 from ..artifacts import atomic_path, provenance
 from ..gemm import matmul
 from .candidates import Candidate, accumulate_cells, parse
-from .probes import FP8, Corpus, Probe, file_sha256
+from .corpus import Corpus, file_sha256
+from .probes import FP8, Probe
 
 __all__ = [
     "Oracle",

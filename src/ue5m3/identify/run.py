@@ -14,9 +14,10 @@ from typing import Any
 
 from ..artifacts import provenance, write_csv, write_json
 from .candidates import candidate_grid
+from .corpus import Corpus, file_sha256, make_corpus
 from .fit import fit
 from .oracles import make_oracle
-from .probes import Corpus, CorpusConfig, file_sha256, make_corpus
+from .probes import CorpusConfig
 
 __all__ = ["CANDIDATE_KEYS", "write_corpus", "fit_emulator"]
 
