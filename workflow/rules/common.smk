@@ -219,7 +219,11 @@ def corpus_settings(wildcards):
 def witness_inputs(wildcards):
     """The witness run's final.json, so that its checkpoint exists before the corpus is made."""
     w = IDENT["witness"]
-    return [] if w is None else [str(Path(run_dir(w["group"], w["variant"], w["seed"])) / "final.json")]
+    return (
+        []
+        if w is None
+        else [str(Path(run_dir(w["group"], w["variant"], w["seed"])) / "final.json")]
+    )
 
 
 def witness_args(wildcards):
@@ -230,6 +234,10 @@ def witness_args(wildcards):
         f"--witness-run {run_dir(w['group'], w['variant'], w['seed'])} "
         f"--witness-module {w['module']} --witness-sequences {w['sequences']}"
     )
+
+
+def fit_oracle(wildcards):
+    return IDENT["fits"][wildcards.fit]["oracle"]
 
 
 def fit_corpus(wildcards):
@@ -302,6 +310,11 @@ def parity_settings(wildcards):
     return json.dumps(settings, sort_keys=True)
 
 
+def parity_value(key):
+    """A params function reading one key of the parity entry named by the wildcard."""
+    return lambda wildcards: IDENT["parity"][wildcards.name][key]
+
+
 def parity_partition(wildcards):
     return IDENT["parity"][wildcards.name].get("partition", "gpu")
 
@@ -311,4 +324,6 @@ def grid_control_args():
     grids = " ".join("none" if v is None else str(v) for v in g["grids"])
     seeds = " ".join(map(str, g["seeds"]))
     roundings = " ".join(g["roundings"])
-    return f"--seeds {seeds} --grids {grids} --roundings {roundings} --steps {g['steps']}"
+    return (
+        f"--seeds {seeds} --grids {grids} --roundings {roundings} --steps {g['steps']}"
+    )

@@ -35,7 +35,7 @@ rule identify_record:
     conda:
         "../../envs/cpu.yaml"
     params:
-        oracle=lambda wildcards: IDENT["fits"][wildcards.fit]["oracle"],
+        oracle=fit_oracle,
     shell:
         "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
 
@@ -54,7 +54,7 @@ rule identify_record_gpu:
         gres="gpu:1",
         runtime=120,
     params:
-        oracle=lambda wildcards: IDENT["fits"][wildcards.fit]["oracle"],
+        oracle=fit_oracle,
     shell:
         "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
 
@@ -101,9 +101,9 @@ rule identify_parity:
     conda:
         "../../envs/cpu.yaml"
     params:
-        a=lambda wildcards: IDENT["parity"][wildcards.name]["backend_a"],
-        b=lambda wildcards: IDENT["parity"][wildcards.name]["backend_b"],
-        steps=lambda wildcards: IDENT["parity"][wildcards.name]["steps"],
+        a=parity_value("backend_a"),
+        b=parity_value("backend_b"),
+        steps=parity_value("steps"),
     shell:
         "ue5m3 parity --config {input} --backend-a {params.a} --backend-b {params.b} --steps {params.steps} --out {output} > {log} 2>&1"
 
@@ -123,9 +123,9 @@ rule identify_parity_gpu:
         mem_mb=200000,
         runtime=240,
     params:
-        a=lambda wildcards: IDENT["parity"][wildcards.name]["backend_a"],
-        b=lambda wildcards: IDENT["parity"][wildcards.name]["backend_b"],
-        steps=lambda wildcards: IDENT["parity"][wildcards.name]["steps"],
+        a=parity_value("backend_a"),
+        b=parity_value("backend_b"),
+        steps=parity_value("steps"),
     shell:
         "ue5m3 parity --config {input} --backend-a {params.a} --backend-b {params.b} --steps {params.steps} --out {output} > {log} 2>&1"
 
