@@ -56,6 +56,7 @@ table = ours.merge(paper, on=["experiment", "variant"], how="left")
 keys = set(zip(ours["experiment"], ours["variant"], strict=True))
 extra = paper[[(e, v) not in keys for e, v in zip(paper["experiment"], paper["variant"], strict=True)]]
 table = pd.concat([table, extra], ignore_index=True)
+table = table.astype({c: "Int64" for c in ("passed", "total", "paper_passed", "paper_total")})  # counts, with gaps
 write_csv(
     table_csv,
     table.to_dict("records"),
