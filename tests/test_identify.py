@@ -338,3 +338,34 @@ def test_witnesses_feed_the_corpus_and_its_provenance() -> None:
     # without wide witnesses the base is the wide synthetic pair
     narrow = make_corpus(SMALL, witness_gemm=(torch.randn(128, 256, generator=gen), w), families=("witness", "order"))
     assert narrow.provenance["order_base"]["source"] == "synthetic_wide"
+
+
+def test_hopper_fp8_glue_feeds_scaled_mm_as_cublas_wants(monkeypatch) -> None:
+    """The oracle's own code (padding, FP8 casts, column-major B, unit scales, cell gathering) against a stand-in
+    for ``torch._scaled_mm`` that checks its inputs; the real GEMM needs an H100/H200 and is not faked here."""
+    from ue5m3.identify import oracles
+
+    seen = {}
+
+    def scaled_mm(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum):
+        assert a.dtype == b.dtype == torch.float8_e4m3fn and out_dtype == torch.float32
+        assert a.shape[0] % 16 == 0 and b.shape[1] % 16 == 0 and b.stride(0) == 1  # column-major B
+        assert scale_a.dim() == scale_b.dim() == 0 and float(scale_a) == float(scale_b) == 1.0
+        seen["fast"] = use_fast_accum
+        return a.to(torch.float64).matmul(b.to(torch.float64)).to(torch.float32)
+
+    monkeypatch.setattr(oracles, "_cuda_device", lambda *_: torch.device("cpu"))
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm, raising=False)
+    corpus = make_corpus(CorpusConfig(**{**SMALL.__dict__, "scheme": FP8}), families=("broad_packed", "threshold"))
+    oracle = oracles.HopperFP8Oracle(fast_accum=True)
+    for probe in corpus.probes.values():
+        expected = (probe.a.double() @ probe.b.double()).float()[probe.rows, probe.cols]
+        assert torch.equal(oracle.outputs(probe), expected)
+    odd = Probe(  # 5 x 32 @ 32 x 7: padded to 16 x 16 for _scaled_mm, the padding never read back
+        family="broad_packed", scheme=FP8, a=torch.full((5, 32), 0.5), b=torch.full((32, 7), 2.0),
+        rows=torch.tensor([0, 4]), cols=torch.tensor([6, 0]),
+    )  # fmt: skip
+    assert oracle.outputs(odd).tolist() == [32.0, 32.0]
+    assert seen["fast"] is True
+    with pytest.raises(ValueError, match="needs an fp8_e4m3 corpus"):
+        oracle.outputs(make_corpus(SMALL, families=("threshold",)).probes["threshold"])

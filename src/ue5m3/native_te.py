@@ -21,7 +21,15 @@ from .linear import ConversionRecord, layer_index
 from .recipes import Recipe
 from .scaling import OperandRole
 
-__all__ = ["NativeUnavailable", "require_native", "te_recipe", "autocast", "convert_native", "execution_path"]
+__all__ = [
+    "NativeUnavailable",
+    "require_native",
+    "te_recipe",
+    "autocast",
+    "autocast_with",
+    "convert_native",
+    "execution_path",
+]
 
 INSTALL_HINT = (
     "install Transformer Engine in a CUDA environment (pip install --no-build-isolation "
@@ -74,11 +82,18 @@ def te_recipe(recipe: Recipe) -> Any:
     return te
 
 
-def autocast(recipe: Recipe) -> Any:
-    """``te.autocast(enabled=True, recipe=...)`` for the project recipe (``fp8_autocast`` on older TE)."""
+def autocast_with(te_recipe_object: Any) -> Any:
+    """TE's autocast context for a TE recipe object: ``te.autocast(recipe=...)``, or ``te.fp8_autocast(fp8_recipe=...)``
+    on TE versions that predate ``te.autocast``."""
     te = require_native()
-    context = getattr(te, "autocast", None) or te.fp8_autocast
-    return context(enabled=True, recipe=te_recipe(recipe))
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=te_recipe_object)
+    return te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object)
+
+
+def autocast(recipe: Recipe) -> Any:
+    """TE's autocast context for the project recipe (see :func:`autocast_with`)."""
+    return autocast_with(te_recipe(recipe))
 
 
 def convert_native(model: nn.Module, recipe: Recipe, *, select: list[str]) -> tuple[ConversionRecord, ...]:

@@ -192,7 +192,7 @@ class NativeNVFP4Oracle:
     """Transformer Engine NVFP4 forward GEMMs on Blackwell: y = x @ W^T with x = A and W = B^T, FP32 out."""
 
     def __init__(self) -> None:
-        from ..native_te import NativeUnavailable, require_native  # noqa: PLC0415
+        from ..native_te import NativeUnavailable, autocast_with, require_native  # noqa: PLC0415
 
         try:
             self.te = require_native()
@@ -203,6 +203,7 @@ class NativeNVFP4Oracle:
         self.recipe = te_recipes.NVFP4BlockScaling(
             disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True
         )
+        self.autocast = autocast_with
         self.name = "native_te_nvfp4"
 
     def outputs(self, probe: Probe) -> torch.Tensor:
@@ -212,11 +213,7 @@ class NativeNVFP4Oracle:
         layer = self.te.Linear(k, n, bias=False, params_dtype=torch.float32, device="cuda")
         with torch.no_grad():
             layer.weight.copy_(probe.b.T)
-        context = getattr(self.te, "autocast", None) or self.te.fp8_autocast
-        kwargs = (
-            {"recipe": self.recipe} if context is getattr(self.te, "autocast", None) else {"fp8_recipe": self.recipe}
-        )
-        with torch.no_grad(), context(enabled=True, **kwargs):
+        with torch.no_grad(), self.autocast(self.recipe):
             out = layer(probe.a.cuda())
         return _cells(out, probe)
 
