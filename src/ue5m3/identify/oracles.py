@@ -210,12 +210,16 @@ class NativeNVFP4Oracle:
         if probe.scheme != "nvfp4":
             raise ValueError(f"native_te_nvfp4 needs an nvfp4 corpus, probe {probe.family!r} is {probe.scheme}")
         m, k, n = probe.shape
-        layer = self.te.Linear(k, n, bias=False, params_dtype=torch.float32, device="cuda")
+        # TE's FP4 GEMMs want row counts in multiples of 16 (32 to be safe); zero rows and columns change neither
+        # the tensor amaxes nor any block scale, hence no cell.
+        a = torch.nn.functional.pad(probe.a, (0, 0, 0, -m % 32))
+        w = torch.nn.functional.pad(probe.b.T, (0, 0, 0, -n % 32))
+        layer = self.te.Linear(k, w.shape[0], bias=False, params_dtype=torch.float32, device="cuda")
         with torch.no_grad():
-            layer.weight.copy_(probe.b.T)
+            layer.weight.copy_(w)
         with torch.no_grad(), self.autocast(self.recipe):
-            out = layer(probe.a.cuda())
-        return _cells(out, probe)
+            out = layer(a.cuda())
+        return _cells(out[:m, :n], probe)
 
     def describe(self) -> dict[str, Any]:
         import transformer_engine  # noqa: PLC0415
