@@ -74,7 +74,11 @@ experiments = {
     "packed_random_cells_fp32_exact": "broad probes: packed random",
     "te_quantized_wide_cells_exact": "broad probes: quantized wide",
 }
-markers = ["o", "s", "D", "^", "v", "P"]
+styles = list(
+    zip(
+        ["o", "s", "D", "^", "v", "P"], [OURS_COLOR, "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"], strict=True
+    )
+)
 fig, axes = plt.subplots(len(experiments), 1, figsize=(7.5, 2.1 * len(experiments)))
 for ax, (experiment, title) in zip(axes, experiments.items(), strict=True):
     rows = table[table["experiment"] == experiment]
@@ -89,16 +93,18 @@ for ax, (experiment, title) in zip(axes, experiments.items(), strict=True):
         width=0.6,
         label="paper (native Blackwell)",
     )
-    for marker, (fit, group) in zip(markers, rows.dropna(subset=["passed"]).groupby("fit", sort=True), strict=False):
+    for (marker, color), (fit, group) in zip(
+        styles, rows.dropna(subset=["passed"]).groupby("fit", sort=True), strict=False
+    ):
         ax.plot(
             [x[v] for v in group["variant"]],
             group["passed"] / group["total"],
             marker=marker,
             linestyle="none",
-            color=OURS_COLOR,
+            color=color,
             label=f"ours: {fit}",
         )
-    ax.set_xticks(range(len(variants)), labels=variants, fontsize=7)
+    ax.set_xticks(range(len(variants)), labels=variants, fontsize=7, rotation=15)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("matched")
     ax.set_title(title, fontsize=9)

@@ -296,6 +296,9 @@ def test_self_test_fp8_structure() -> None:
     table = fit(corpus, EmulatorOracle("w32-fused13-rtz-p128"), grid)
     # a 13-bit fused sum of 33 terms always fits FP32: the rne twin is the same model
     assert sorted(table.identified()) == ["w32-fused13-rne-p128", "w32-fused13-rtz-p128"]
+    assert parse("w32-fused13-rne-p128").twin_of(parse("w32-fused13-rtz-p128"), block=1)
+    assert not parse("w32-fused24-rne").twin_of(parse("w32-fused24-rtz"), block=1)  # 24 + 1 + 6 bits > 24
+    assert not parse("w64-fused35-rne").twin_of(parse("w64-fused35-rtz"), block=16)
 
 
 def test_paper_tables_cover_the_reference_rows(corpus: Corpus) -> None:
@@ -369,3 +372,15 @@ def test_hopper_fp8_glue_feeds_scaled_mm_as_cublas_wants(monkeypatch) -> None:
     assert seen["fast"] is True
     with pytest.raises(ValueError, match="needs an fp8_e4m3 corpus"):
         oracle.outputs(make_corpus(SMALL, families=("threshold",)).probes["threshold"])
+
+
+def test_paper_tables_skip_variants_the_best_candidate_cannot_take() -> None:
+    from ue5m3.identify.fit import MatchTable
+
+    names = ("w32-fused13-rtz-p128", "w64-fused13-rtz-p128", "w128-exact-rtz")  # w128 + p128 cannot exist
+    table = MatchTable(
+        candidates=names, passed={n: {"order": 4} for n in names}, total={"order": 4}, oracle={"kind": "test"}
+    )
+    rows = table.paper_tables("w32-fused13-rtz-p128")
+    widths = [r["variant"] for r in rows if r["experiment"] == "order_tests_group_width"]
+    assert widths == ["rtz_32", "rtz_64"]

@@ -33,6 +33,7 @@ every candidate to a scalar reference in ``fractions``.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -99,6 +100,20 @@ class Candidate:
     def accumulator(self) -> Candidate:
         """The same candidate without the final snap (snaps are applied to one shared accumulator)."""
         return replace(self, final_grid=None)
+
+    def rounding_immaterial(self, block: int) -> bool:
+        """True when every accumulator update is exact in FP32, so ``rne`` and ``rtz`` give the same function:
+        a fused step of n = width / block terms plus the accumulator, each truncated to b + 1 bits, sums to at most
+        b + 1 + ceil(log2(n + 1)) <= 24 bits."""
+        if self.partial_bits is None or self.slice_width is None:
+            return False
+        terms = self.slice_width // block + 1
+        return self.partial_bits + 1 + math.ceil(math.log2(terms)) <= 24
+
+    def twin_of(self, other: Candidate, block: int) -> bool:
+        """Provably the same function as ``other`` on operands with this block size (see
+        :meth:`rounding_immaterial`): equal but for an immaterial rounding."""
+        return self == other or (replace(self, rounding=other.rounding) == other and self.rounding_immaterial(block))
 
     def check_block(self, block: int) -> None:
         """Raise unless slices hold whole operand blocks of ``block`` elements."""

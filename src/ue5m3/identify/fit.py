@@ -122,8 +122,9 @@ class MatchTable:
         widths = sorted({parse(c).slice_width for c in self.candidates if c not in BASELINES} - {None})
         for rounding in (Rounding.RNE, Rounding.RTZ):
             for width in widths:
-                variant = replace(best_c, slice_width=width, rounding=rounding)
-                if variant.promotion is not None and variant.promotion % width:
+                try:
+                    variant = replace(best_c, slice_width=width, rounding=rounding)
+                except ValueError:  # e.g. a slice as wide as the best candidate's promotion interval
                     continue
                 add("order_tests_group_width", f"{rounding.value}_{width}", "order", variant)
         grids = sorted({parse(c).final_grid for c in self.candidates if c not in BASELINES} - {None})

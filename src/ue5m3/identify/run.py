@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import provenance, write_csv, write_json
-from .candidates import candidate_grid
+from .candidates import candidate_grid, parse
 from .corpus import Corpus, file_sha256, make_corpus
 from .fit import fit
 from .oracles import make_oracle
@@ -44,6 +44,15 @@ def write_corpus(
     record = provenance("make-probes", asdict(cfg), witness_source=info)
     corpus = make_corpus(cfg, witness_gemm=tuple(witness) if witness else None, provenance=record)
     return corpus.save(out)
+
+
+def _recovered(hidden: str, identified: Sequence[str], corpus: Corpus) -> bool:
+    """The fit found the hidden model: it is identified, and so is nothing but its provable twins."""
+    blocks = {probe.block for probe in corpus.probes.values()}
+    twin = parse(hidden)
+    return hidden in identified and all(
+        all(parse(name).twin_of(twin, block) for block in blocks) for name in identified
+    )
 
 
 def fit_emulator(
@@ -91,7 +100,7 @@ def fit_emulator(
         "best": best,
         "top": [{"candidate": name, "passed": table.score(name), "total": table.cells} for name in ranking],
         "hidden": hidden,
-        "recovered": None if hidden is None else identified == [hidden],
+        "recovered": None if hidden is None else _recovered(hidden, identified, corpus),
         "provenance": provenance("fit-emulator", {"oracle": oracle_spec, "candidates": dict(candidates or {})}),
     }
     write_json(paths["summary.json"], summary)
