@@ -475,3 +475,11 @@ def test_dump_keeps_characters_yaml_reads_as_line_breaks(tmp_path):
     data["target_overrides"][0]["module"] = "*\x85down_proj"
     recipe = Recipe.from_dict(data)
     assert recipes.load(recipes.dump(recipe, tmp_path / "r.yaml")) == recipe
+
+
+def test_recipe_gemm_models_are_the_gemm_layers_output_models_plus_bf16():
+    """recipes.GemmModel spells gemm.OutputModel's models (plus bf16); the two must not drift apart."""
+    from ue5m3.gemm import OutputModel
+    from ue5m3.recipes import GemmModel
+
+    assert {m.value for m in GemmModel} == {m.value for m in OutputModel} | {"bf16"}
