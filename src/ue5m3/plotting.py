@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
 from matplotlib.figure import Figure
+
+from .artifacts import atomic_path
 
 STYLE: dict[str, Any] = {
     "font.family": "DejaVu Sans",  # ships with matplotlib, so every machine renders the same glyphs
@@ -105,23 +106,9 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     fmt = path.suffix.lstrip(".").lower()
     if not fmt:
         raise ValueError(f"save_figure needs a file suffix to choose the format, got {str(path)!r}; use e.g. .pdf")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        os.chmod(tmp_name, 0o666 & ~_current_umask())  # mkstemp creates 0600; give the usual mode
-        fig.savefig(tmp_name, format=fmt, metadata=_STABLE_METADATA.get(fmt))
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, metadata=_STABLE_METADATA.get(fmt))
     return path
-
-
-def _current_umask() -> int:
-    umask = os.umask(0)  # reading the umask means setting it; restore it at once
-    os.umask(umask)
-    return umask
 
 
 def repo_path(path: str | os.PathLike[str]) -> Path:

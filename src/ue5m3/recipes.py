@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
@@ -39,6 +38,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from .artifacts import atomic_path
 from .formats import Rounding
 from .quantize import SCHEMES, get_scheme
 from .scaling import OperandRole
@@ -512,16 +512,8 @@ def dump(recipe: Recipe, path: str | os.PathLike[str]) -> Path:
     # breaks; escaping all non-ASCII keeps every string lossless.
     text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=False)
     assert yaml.safe_load(text) == data, f"YAML round trip of recipe {recipe.name!r} is lossy"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return path
 
 

@@ -7,7 +7,6 @@ a real GEMM when one is given, and the order tests' base is chosen from the oper
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,7 @@ from .probes import (
     witness_probe,
 )
 
-__all__ = ["Corpus", "make_corpus", "file_sha256"]
+__all__ = ["Corpus", "make_corpus"]
 
 
 def _span_bits(products: torch.Tensor) -> torch.Tensor:
@@ -131,14 +130,6 @@ class Corpus:
             for name, meta in header["probes"].items()
         }
         return cls(config=CorpusConfig(**header["config"]), probes=probes, provenance=header["provenance"])
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def make_corpus(

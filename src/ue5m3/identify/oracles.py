@@ -26,9 +26,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..artifacts import atomic_path, provenance
+from ..checkpoint import file_sha256
 from ..gemm import matmul
 from .candidates import Candidate, accumulate_cells, parse
-from .corpus import Corpus, file_sha256
+from .corpus import Corpus
 from .probes import FP8, Probe
 
 __all__ = [

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import provenance, write_csv, write_json
+from ..checkpoint import file_sha256
 from .candidates import candidate_grid, parse
-from .corpus import Corpus, file_sha256, make_corpus
+from .corpus import Corpus, make_corpus
 from .fit import fit
 from .oracles import make_oracle
 from .probes import CorpusConfig

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..artifacts import atomic_path
 from .nemotron_h import NemotronHConfig
 
 __all__ = ["config_from_hf", "hf_config_dict", "save_safetensors", "load_safetensors"]
@@ -180,12 +181,8 @@ def save_safetensors(model: nn.Module, path: str | os.PathLike, *, metadata: Map
         raise ValueError(f"cannot save meta tensors {on_meta[:5]!r}...; call to_empty() and init_weights() first")
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={**(metadata or {}), "format": "pt"})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
