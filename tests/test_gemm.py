@@ -224,3 +224,12 @@ def test_paper_sized_gemm_runs_within_bounded_memory(tmp_path):
     record = json.loads(result.stdout.splitlines()[-1])
     assert record["ok"]
     assert record["peak_mib"] < 8 * 1024  # the machine has 24 GiB; operands and result alone take about 1 GiB
+
+
+def test_fused_step_refuses_sums_that_fp64_cannot_hold_exactly():
+    from ue5m3.gemm import fused_step
+
+    terms = torch.ones(256, 3, dtype=torch.float64)  # 257 terms with the accumulator: 9 bits of carries
+    assert torch.equal(fused_step(terms, torch.zeros(3), bits=43), torch.full((3,), 256.0))
+    with pytest.raises(ValueError, match="257 terms truncated at 44 bits"):
+        fused_step(terms, torch.zeros(3), bits=44)

@@ -34,7 +34,15 @@ from . import cpu_kernel
 from .formats import Rounding
 from .quantize import QuantizedTensor, ScaleRule
 
-__all__ = ["OutputModel", "alpha", "matmul", "add_rtz", "round_fp64_to_fp32_exact", "DEFAULT_TILE_ELEMENTS"]
+__all__ = [
+    "OutputModel",
+    "alpha",
+    "matmul",
+    "add_rtz",
+    "fused_step",
+    "round_fp64_to_fp32_exact",
+    "DEFAULT_TILE_ELEMENTS",
+]
 
 # Intermediate elements per chunk (FP64 slice sums or block partials): bounds memory to about 128 MB each.
 DEFAULT_TILE_ELEMENTS = 1 << 24
@@ -249,24 +257,36 @@ def _probe_matched_rows(
     return _snap(acc, final_grid)
 
 
+def fused_step(
+    terms: torch.Tensor, acc: torch.Tensor, *, bits: int, rounding: Rounding | str = Rounding.RTZ
+) -> torch.Tensor:
+    """One fused MMA step: the terms [n, ...] (FP64, exact) and the FP32 accumulator [...] are aligned to the
+    largest leading bit among them, each truncated toward zero ``bits`` below it, summed exactly and rounded once
+    to FP32 (RTZ, or RNE). MMA-Sim's Blackwell step is ``bits=35`` over four scaled 16-block sums.
+
+    Raises:
+        ValueError: the truncated terms could carry more than FP64's 53 bits in sum (bits + 1 + log2(n + 1)).
+    """
+    rounding = Rounding(rounding)
+    count = terms.shape[0] + 1
+    if bits < 0 or bits + 1 + math.ceil(math.log2(count)) > 53:
+        raise ValueError(f"a fused step of {count} terms truncated at {bits} bits is not exact in FP64")
+    everything = torch.cat([terms, acc.to(torch.float64)[None]])
+    _, exps = torch.frexp(everything)  # |t| < 2^exp
+    exps = torch.where(everything != 0, exps, torch.full_like(exps, -(1 << 20)))
+    quantum = torch.ldexp(torch.ones_like(everything[0]), (exps.amax(0) - 1 - bits).clamp(min=-1074))
+    # every truncated term is a multiple of the quantum below 2^(bits + 1) of them: the FP64 sum is exact
+    total = (torch.trunc(everything / quantum) * quantum).sum(0)
+    return _rtz_fp64_to_fp32(total) if rounding is Rounding.RTZ else total.to(torch.float32)
+
+
 def _mma_sim_tile(a2, sa, b2, sb, block, width) -> torch.Tensor:
     parts = _block_partials(a2, sa, b2, sb, block)  # [nb, M, N] exact FP64
     per_instr = width // block
     acc = torch.zeros(parts.shape[1:], dtype=torch.float32, device=parts.device)
     for j in range(parts.shape[0] // per_instr):
-        terms = torch.cat([parts[j * per_instr : (j + 1) * per_instr], acc.to(torch.float64)[None]])
-        _, exps = torch.frexp(terms)
-        exps = torch.where(terms != 0, exps, torch.full_like(exps, -100000))
-        top = exps.amax(0)  # largest exponent (frexp convention: |t| < 2^exp)
-        quantum = torch.ldexp(torch.ones_like(terms[0]), (top - 1 - 35).clamp(min=-1074))
-        truncated = torch.trunc(terms / quantum) * quantum  # exact: power-of-two division
-        acc = _rtz_fp64_to_fp32(_exact_fp64_sum(truncated))
+        acc = fused_step(parts[j * per_instr : (j + 1) * per_instr], acc, bits=35)
     return acc
-
-
-def _exact_fp64_sum(terms: torch.Tensor) -> torch.Tensor:
-    # Truncated terms are multiples of 2^(top-36) below 2^top: at most 36 significant bits, so sums are exact.
-    return terms.sum(0)
 
 
 def matmul(

@@ -24,8 +24,9 @@ The paper's probe-matched model is ``w64-exact-rtz-g1024``; MMA-Sim's is ``w64-f
 named by a canonical string (:attr:`Candidate.name`, :func:`parse`), which is how configs and tables spell them.
 
 Exactness: products of two FP32 operands are exact in FP64; exact slice sums use the superaccumulator of
-:mod:`ue5m3.accumulation` (correct for any exponent spread); fused sums of truncated terms hold at most b + 1
-significant bits each, so with b <= 47 their FP64 sum of up to 17 terms is exact. tests/test_identify.py pins
+:mod:`ue5m3.accumulation` (correct for any exponent spread); fused steps are :func:`ue5m3.gemm.fused_step`, which
+sums truncated terms of at most b + 1 significant bits exactly in FP64 and refuses step sizes where that could
+fail (b + 1 + log2(terms) > 53). tests/test_identify.py pins
 ``w64-exact-*`` to :func:`ue5m3.gemm.matmul` ``probe_matched`` and ``w64-fused35-rtz`` to its ``mma_sim``, and
 every candidate to a scalar reference in ``fractions``.
 """
@@ -42,11 +43,11 @@ import torch
 
 from ..accumulation import exact_sum, slice_partials, snap
 from ..formats import Rounding
-from ..gemm import add_rtz
+from ..gemm import add_rtz, fused_step
 
 __all__ = ["Candidate", "parse", "candidate_grid", "accumulate_cells", "PROBE_MATCHED", "MMA_SIM", "BASELINES"]
 
-MAX_PARTIAL_BITS = 47  # b + 1 bits per truncated term, up to 17 terms: the FP64 sum stays exact
+MAX_PARTIAL_BITS = 47  # b + 1 bits per truncated term: 17 terms still sum exactly in FP64 (fused_step checks)
 BASELINES = ("decoded", "encoded_fp32")  # torch FP32 matmuls, evaluated on the whole GEMM (not candidates)
 _NAME = re.compile(r"^w(?P<w>\d+|K)-(?:exact|fused(?P<b>\d+))-(?P<r>rne|rtz)(?:-p(?P<p>\d+))?(?:-g(?P<g>\d+))?$")
 
@@ -182,25 +183,6 @@ def candidate_grid(
 # ----- evaluation ----------------------------------------------------------------------------------------
 
 
-def _rtz_to_fp32(x: torch.Tensor) -> torch.Tensor:
-    """Exact FP64 values rounded toward zero to FP32."""
-    r = x.to(torch.float32)
-    over = r.to(torch.float64).abs() > x.abs()
-    return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
-
-
-def _fused_step(terms: torch.Tensor, acc: torch.Tensor, bits: int, rounding: Rounding) -> torch.Tensor:
-    """One fused step: terms [C, n] FP64 and acc [C] FP32 aligned to their largest leading bit, truncated
-    ``bits`` below it, summed exactly and rounded once to FP32."""
-    everything = torch.cat([terms, acc.to(torch.float64)[:, None]], dim=1)
-    _, exps = torch.frexp(everything)  # |t| < 2^exp
-    exps = torch.where(everything != 0, exps, torch.full_like(exps, -(1 << 20)))
-    top = exps.amax(1, keepdim=True)
-    quantum = torch.ldexp(torch.ones_like(everything[:, :1]), (top - 1 - bits).clamp(min=-1074))
-    total = (torch.trunc(everything / quantum) * quantum).sum(1)  # exact: see MAX_PARTIAL_BITS
-    return _rtz_to_fp32(total) if rounding is Rounding.RTZ else total.to(torch.float32)
-
-
 def _update(acc: torch.Tensor, partial: torch.Tensor, rounding: Rounding) -> torch.Tensor:
     return add_rtz(acc, partial) if rounding is Rounding.RTZ else acc + partial
 
@@ -243,7 +225,7 @@ def accumulate_cells(products: torch.Tensor, candidate: Candidate, *, block: int
         if candidate.partial_bits is None:
             inner = _update(inner, partials[:, j], candidate.rounding)
         else:
-            inner = _fused_step(terms[:, j], inner, candidate.partial_bits, candidate.rounding)
+            inner = fused_step(terms[:, j].T, inner, bits=candidate.partial_bits, rounding=candidate.rounding)
         if candidate.promotion is not None and (j + 1) % per_promotion == 0:
             outer, inner = outer + inner, torch.zeros_like(inner)  # promotion: an FP32 RNE addition
     acc = inner if candidate.promotion is None else outer + inner
