@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .. import formats
+from ..gemm import alpha
 from ..quantize import get_scheme, quantize
 
 __all__ = [
@@ -110,9 +111,22 @@ class Probe:
             raise ValueError(f"{where}: a cell index lies outside the {self.a.shape[0]} x {self.b.shape[1]} output")
         if self.a.shape[1] % self.block:
             raise ValueError(f"{where}: K={self.a.shape[1]} is not a multiple of the block size {self.block}")
-        for operand, values, axis in (("A", self.a, 1), ("B", self.b, 0)):
-            if not torch.equal(_fixed_point(values, self.scheme, axis, f"{self.family}.{operand}"), values):
+        # Quantize once here: the check that the operands are fixed points, and the encoding every candidate uses.
+        if self.scheme == FP8:
+            encoded = (self.a, self.b, torch.ones((), dtype=torch.float32))
+            requantized = tuple(formats.round_to_format(v, formats.E4M3, "rne") for v in (self.a, self.b))
+        else:
+            quantized = tuple(
+                quantize(v, self.scheme, axis=axis, name=f"{self.family}.{name}")
+                for name, v, axis in (("A", self.a, 1), ("B", self.b, 0))
+            )
+            encoded = (quantized[0].encoded(), quantized[1].encoded(), alpha(*quantized))
+            requantized = tuple(q.dequantize() for q in quantized)
+            object.__setattr__(self, "_quantized", quantized)
+        for operand, values, again in zip("AB", (self.a, self.b), requantized, strict=True):
+            if not torch.equal(again, values):
                 raise ValueError(f"{where}: operand {operand} is not a fixed point of the {self.scheme} quantizer")
+        object.__setattr__(self, "_encoded", encoded)
 
     @property
     def block(self) -> int:
@@ -126,20 +140,12 @@ class Probe:
         """The operands as QuantizedTensors (block schemes only)."""
         if self.scheme == FP8:
             raise ValueError(f"probe {self.family!r}: FP8 probes have no block quantization")
-        return (
-            quantize(self.a, self.scheme, axis=1, name=f"{self.family}.A"),
-            quantize(self.b, self.scheme, axis=0, name=f"{self.family}.B"),
-        )
+        return self._quantized
 
     def encoded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(A encoded [M, K], B encoded [K, N], alpha): what the tensor core multiplies, and the FP32 factor
         that maps the accumulator back (gemm spec section 2); FP8 probes are their own encoding, alpha = 1."""
-        if self.scheme == FP8:
-            return self.a, self.b, torch.ones((), dtype=torch.float32)
-        from ..gemm import alpha  # noqa: PLC0415 - keeps probes importable without the GEMM layer
-
-        a_q, b_q = self.quantized()
-        return a_q.encoded(), b_q.encoded(), alpha(a_q, b_q)
+        return self._encoded
 
     def products(self) -> torch.Tensor:
         """Exact FP64 products [C, K] of the encoded operands of every cell."""
