@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+import pytest
+import torch
 
 FP32_MAX = float(np.finfo(np.float32).max)
 
@@ -224,3 +226,12 @@ def oracle_inputs(name: str, seed: int = 0, n_random: int = 3000) -> np.ndarray:
     if f.signed:
         x = np.concatenate([x, -x])
     return x.astype(np.float32)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run the test with one torch thread (bit-exact comparisons of CPU runs, as the pipeline runs jobs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

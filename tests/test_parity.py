@@ -39,12 +39,7 @@ def _config(tmp_path, recipe="ue5m3_b16"):
     )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----- ulp_distance -------------------------------------------------------------------------------------

@@ -35,12 +35,7 @@ def _recipe_with_interval(tmp_path, interval):
     return str(recipes.dump(recipe, tmp_path / "recipe.yaml"))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_schedule_is_constant_then_decays_linearly_over_the_final_15_percent_to_1_percent():
