@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..accumulation import snap
 from ..formats import Rounding
-from .candidates import BASELINES, Candidate, accumulate_cells
+from .candidates import BASELINES, Candidate, accumulate_cells, parse
 from .corpus import Corpus
 from .probes import Probe
 
@@ -80,7 +80,6 @@ class MatchTable:
     def best(self) -> str:
         """The best-scoring candidate; ties go to the coarsest final grid that keeps the score (as the paper
         chose 1/1024), then to the plainer model (exact partials, no promotion), then by name."""
-        from .candidates import parse  # noqa: PLC0415
 
         def key(name: str) -> tuple:
             c = parse(name)
@@ -97,8 +96,6 @@ class MatchTable:
 
     def paper_tables(self, best: str | None = None) -> list[dict[str, Any]]:
         """Rows (experiment, variant, candidate, passed, total) shaped like the paper's appendix-B tables."""
-        from .candidates import parse  # noqa: PLC0415
-
         best_c = parse(best or self.best())
         rows: list[dict[str, Any]] = []
 
