@@ -4,7 +4,7 @@ Usage: python benchmarks/evaluate.py [--model nemotron_h_debug] [--recipe ue5m3_
                                      [--units 30] [--threads 1] [--json out.json]
 
 Trains a one-step run on random tokens in a temporary directory (evaluation cost does not depend on training),
-then, for each policy, loads it with `ue5m3.inference.load_for_inference` and times `forward_unit` on batch-1
+then, for each policy, loads it with `ue5m3.evaluation.inference.load_for_inference` and times `forward_unit` on batch-1
 sequences (the validation protocol's work unit), the head included; all policies are timed in one process, one
 thread by default as the pipeline runs evaluation jobs. calibrated_frozen evaluates like a frozen replay unit
 and needs a prepared data calibration split, so it is not timed here.
@@ -21,9 +21,11 @@ import torch
 
 
 def main() -> None:
-    from ue5m3 import models, train
+    from ue5m3 import models
     from ue5m3.data import RandomTokenStream
-    from ue5m3.inference import load_for_inference
+    from ue5m3.evaluation.inference import load_for_inference
+    from ue5m3.training import loop as train
+    from ue5m3.training.config import TrainConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="nemotron_h_debug")
@@ -37,7 +39,7 @@ def main() -> None:
     vocab = models.config(args.model).vocab_size
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = train.TrainConfig(
+        cfg = TrainConfig(
             run_dir=tmp,
             model=args.model,
             recipe=args.recipe,

@@ -28,10 +28,10 @@ def _best(fn, repeats: int = 3) -> float:
 
 
 def main() -> None:
-    from ue5m3 import gemm
-    from ue5m3.accumulation import exact_sum
+    from ue5m3.experiments.accumulation import exact_sum
     from ue5m3.identify import CorpusConfig, EmulatorOracle, accumulate_cells, candidate_grid, fit, make_corpus, parse
-    from ue5m3.quantize import quantize
+    from ue5m3.numerics import gemm
+    from ue5m3.numerics.quantize import quantize
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=512, help="output cells (a square-ish GEMM is formed)")

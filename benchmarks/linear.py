@@ -25,8 +25,8 @@ DEFAULT_CASES = CASES[:4]  # mma_sim (beyond the paper, block-partial based) is 
 
 
 def run_case(case: str, tokens: int, features: int, repeats: int) -> dict:
-    from ue5m3 import recipes
-    from ue5m3.linear import convert, find_scale_state
+    from ue5m3.layers import recipes
+    from ue5m3.layers.linear import convert, find_scale_state
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(features, features))

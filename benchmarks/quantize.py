@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from ue5m3.quantize import quantize
+from ue5m3.numerics.quantize import quantize
 
 
 def best_time(fn, repeats: int) -> float:

@@ -33,13 +33,15 @@ RECIPES = [
 def run_case(args: argparse.Namespace) -> dict:
     import torch
 
-    from ue5m3 import models, train
+    from ue5m3 import models
     from ue5m3.data import RandomTokenStream
+    from ue5m3.training import loop as train
+    from ue5m3.training.config import TrainConfig
 
     torch.set_num_threads(args.threads)
     vocab = models.config(args.model).vocab_size
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = train.TrainConfig(
+        cfg = TrainConfig(
             run_dir=tmp,
             model=args.model,
             recipe=args.case,

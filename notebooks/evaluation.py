@@ -24,7 +24,7 @@ import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
-from ue5m3.evaluate import load_results
+from ue5m3.evaluation.nll import load_results
 from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, apply_style, save_figure
 
 apply_style()

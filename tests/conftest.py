@@ -1,6 +1,6 @@
 """Shared test oracles for the numerics tests (numerics spec sections 1-3).
 
-Everything here is derived from the spec's format table, never from :mod:`ue5m3.formats`:
+Everything here is derived from the spec's format table, never from :mod:`ue5m3.numerics.formats`:
 
 * :data:`SPEC_FIELDS` restates each format's spec-level bit fields;
 * :func:`spec_magnitudes` enumerates the exact value of every magnitude code from those fields;

@@ -6,13 +6,14 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ue5m3 import train
 from ue5m3.data import RandomTokenStream
+from ue5m3.training import loop as train
+from ue5m3.training.config import TrainConfig
 
 
 def main() -> None:
     torch.set_num_threads(1)
-    cfg = train.TrainConfig.from_yaml(sys.argv[1])
+    cfg = TrainConfig.from_yaml(sys.argv[1])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo")

@@ -3,15 +3,17 @@ paper's qualitative claims (RTZ contracts by about 1 ppm, RNE does not; the grid
 
 import json
 import math
-import random
 from fractions import Fraction
 
-import numpy as np
 import pytest
 import torch
 
-from ue5m3 import accumulation, cli
-from ue5m3.accumulation import AccumulationConfig, Variant
+from rational import fp32 as _fp32
+from rational import snap as _snap
+from ue5m3 import cli
+from ue5m3.experiments import accumulation
+from ue5m3.experiments.accumulation import AccumulationConfig, Variant
+from ue5m3.numerics import exact
 
 TINY = {
     "dots": 8,
@@ -26,82 +28,7 @@ TINY = {
 }
 
 
-def _fp32(value: Fraction, mode: str = "rne") -> Fraction:
-    """Round an exact rational to FP32 (nearest-even or toward zero), from the FP32 neighbours of a guess."""
-    if value == 0:
-        return Fraction(0)
-    guess = np.float32(float(value))
-    candidates = sorted(
-        {Fraction(float(c)) for c in (np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.inf))}
-    )
-    below = max(c for c in candidates if c <= value)
-    above = min(c for c in candidates if c >= value)
-    if below == above:
-        return below
-    if mode == "rtz":
-        return below if value > 0 else above
-    if value - below != above - value:
-        return below if value - below < above - value else above
-    return below if int(np.float32(float(below)).view(np.int32)) % 2 == 0 else above
-
-
-def _snap(value: Fraction, grid: int | None) -> Fraction:
-    return value if grid is None else Fraction(round(value * grid), grid)  # round(): ties to even
-
-
-def _random_terms(rng: random.Random, n: int) -> list[float]:
-    """FP64 terms with exponents from subnormal to huge, zeros, and exact cancellations."""
-    terms = []
-    for _ in range(n):
-        kind = rng.random()
-        if kind < 0.1:
-            terms.append(0.0)
-        elif kind < 0.2:
-            terms.append(rng.choice([-1, 1]) * rng.randint(1, 2**20) * 2.0**-1074)  # subnormal
-        else:
-            terms.append(
-                math.ldexp(rng.uniform(-1, 1), rng.randint(-1000, 1000) if kind < 0.4 else rng.randint(-60, 60))
-            )
-    terms += [-t for t in terms[: rng.randint(0, n)]]
-    rng.shuffle(terms)
-    return terms
-
-
 # ----- exact sums -----------------------------------------------------------------------------------------
-
-
-def test_exact_sum_equals_math_fsum_and_the_fp32_rounding_of_the_rational_sum():
-    rng = random.Random(7)
-    for _ in range(300):
-        terms = _random_terms(rng, rng.randint(1, 24))
-        exact = sum(map(Fraction, terms), Fraction(0))
-        t = torch.tensor(terms, dtype=torch.float64)
-        assert float(accumulation.exact_sum(t)) == math.fsum(terms)
-        if abs(exact) < 2**127:
-            assert Fraction(float(accumulation.exact_sum(t, dtype=torch.float32))) == _fp32(exact)
-
-
-def test_exact_sum_survives_cancellation_that_fp64_summation_gets_wrong():
-    terms = torch.tensor([[2.0**60, 1.0, -(2.0**60), 2.0**-60], [1e300, 1e-300, -1e300, 0.0]], dtype=torch.float64)
-    assert accumulation.exact_sum(terms).tolist() == [1.0 + 2.0**-60, 1e-300]
-    assert terms.sum(-1).tolist() != [1.0 + 2.0**-60, 1e-300]
-
-
-def test_exact_sum_rejects_non_fp64_and_non_finite_terms():
-    with pytest.raises(TypeError, match="FP64"):
-        accumulation.exact_sum(torch.ones(4))
-    with pytest.raises(ValueError, match="finite"):
-        accumulation.exact_sum(torch.tensor([1.0, math.inf], dtype=torch.float64))
-
-
-def test_slice_partials_round_each_exact_slice_sum_once_and_total_the_exact_sum():
-    rng = random.Random(3)
-    rows = [[math.ldexp(rng.uniform(-1, 1), rng.randint(-40, 40)) for _ in range(12)] for _ in range(5)]
-    p, exact = accumulation.slice_partials(torch.tensor(rows, dtype=torch.float64), width=4)
-    for row, p_row, total in zip(rows, p.tolist(), exact.tolist(), strict=True):
-        slices = [sum(map(Fraction, row[j : j + 4]), Fraction(0)) for j in range(0, 12, 4)]
-        assert [Fraction(v) for v in p_row] == [_fp32(s) for s in slices]
-        assert total == math.fsum(row)
 
 
 def test_dot_with_fp64_operands_is_the_correctly_rounded_exact_dot_product():
@@ -136,15 +63,15 @@ def test_dot_variants_match_a_fractions_reference(variant, grid):
 def test_grid_dead_zone_maps_every_accumulator_within_half_a_step_to_zero():
     half_step = 2.0**-11  # half of 1/1024: ties go to the even lattice point, 0
     inside = torch.cat([torch.linspace(-half_step, half_step, 10001), torch.tensor([half_step, -half_step])])
-    assert bool((accumulation.snap(inside, 1024) == 0).all())
+    assert bool((exact.snap(inside, 1024) == 0).all())
     outside = torch.nextafter(torch.tensor([half_step, -half_step]), torch.tensor([1.0, -1.0]))
-    assert accumulation.snap(outside, 1024).tolist() == [2.0**-10, -(2.0**-10)]
+    assert exact.snap(outside, 1024).tolist() == [2.0**-10, -(2.0**-10)]
 
 
 def test_exact_cancellation_leaves_an_rne_and_rtz_residue_that_the_grid_maps_to_exactly_zero():
     g = torch.Generator().manual_seed(20260721)
     p = accumulation.cancellation_partials(1024, 64, scale=1.0, sigma=0.0, generator=g)
-    assert bool((accumulation.exact_sum(p.double()) == 0).all())
+    assert bool((exact.exact_sum(p.double()) == 0).all())
     rms = {}
     for variant in Variant:
         out = accumulation.accumulate(p, rounding=variant.rounding, grid=1024 if variant.gridded else None)

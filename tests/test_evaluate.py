@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from test_inference import make_run
 from ue5m3 import cli
-from ue5m3.checkpoint import CheckpointError
 from ue5m3.data import open_data
-from ue5m3.evaluate import (
+from ue5m3.evaluation.inference import load_for_inference
+from ue5m3.evaluation.nll import (
     SequenceNLL,
     bootstrap_interval,
     evaluation_orders,
@@ -24,7 +24,7 @@ from ue5m3.evaluate import (
     sequence_nll,
     t_quantile,
 )
-from ue5m3.inference import load_for_inference
+from ue5m3.training.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")

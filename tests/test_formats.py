@@ -42,8 +42,8 @@ from conftest import (
     spec_magnitudes_f64,
     spec_non_finite_codes,
 )
-from ue5m3 import formats
-from ue5m3.formats import Rounding
+from ue5m3.numerics import formats
+from ue5m3.numerics.formats import Rounding
 
 DETERMINISTIC = ("rne", "rtz")
 STOCHASTIC = ("sf", "sr_te", "sr")

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from ue5m3 import grid_control as gc
-from ue5m3.formats import Rounding
-from ue5m3.linear import QuantLinear
+from ue5m3.identify import grid_control as gc
+from ue5m3.layers.linear import QuantLinear
+from ue5m3.numerics.formats import Rounding
 
 TINY = gc.GridControlConfig(steps=20, seeds=(41, 42), grids=(None, 1024), roundings=("rne", "sr"))
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ue5m3.hadamard import TE_SIGNS, hadamard_matrix, random_signs, rht
+from ue5m3.numerics.hadamard import TE_SIGNS, hadamard_matrix, random_signs, rht
 
 
 def test_hadamard_matrix_is_sylvester_and_orthogonal():

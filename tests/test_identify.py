@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ue5m3 import gemm
 from ue5m3.identify import (
     EmulatorOracle,
     OracleUnavailable,
@@ -27,7 +26,8 @@ from ue5m3.identify.candidates import Candidate, accumulate_cells
 from ue5m3.identify.corpus import Corpus
 from ue5m3.identify.oracles import HopperFP8Oracle, NativeNVFP4Oracle
 from ue5m3.identify.probes import FP8, CorpusConfig, Probe, _bf16_midpoint_distance, witness_probe
-from ue5m3.quantize import quantize
+from ue5m3.numerics import gemm
+from ue5m3.numerics.quantize import quantize
 
 SMALL = CorpusConfig(
     order_k=512, order_permutations=32, threshold_k=512, threshold_cells=256, broad_m=32, broad_n=32,

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ue5m3 import train
-from ue5m3.checkpoint import CheckpointError
 from ue5m3.data import Corpus, DataConfig, EvalSet, RandomTokenStream, build_data, open_data
-from ue5m3.inference import InferencePolicy, InferenceScales, load_for_inference
-from ue5m3.linear import QuantLinear
+from ue5m3.evaluation.inference import InferencePolicy, InferenceScales, load_for_inference
+from ue5m3.layers.linear import QuantLinear
+from ue5m3.training import loop as train
+from ue5m3.training.checkpoint import CheckpointError
+from ue5m3.training.config import OptimConfig, TrainConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data" / "olmo_mix"
 
@@ -30,7 +31,7 @@ def make_run(root: Path, recipe: str = "ue5m3_b16") -> tuple[Path, DataConfig]:
         data_dir=str(root / "data"),
     )
     build_data(config)
-    cfg = train.TrainConfig(
+    cfg = TrainConfig(
         run_dir=str(root / "run"),
         model="dense_debug",
         recipe=recipe,
@@ -40,7 +41,7 @@ def make_run(root: Path, recipe: str = "ue5m3_b16") -> tuple[Path, DataConfig]:
         accumulation=1,
         data=config.to_dict(),
         checkpoint_every=2,
-        optim=train.OptimConfig(lr=3e-3),
+        optim=OptimConfig(lr=3e-3),
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from ue5m3 import linear, recipes
-from ue5m3.linear import QuantLinear, convert, find_scale_state
-from ue5m3.recipes import GemmModel, Operand
+from ue5m3.layers import linear, recipes
+from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
+from ue5m3.layers.recipes import GemmModel, Operand
 
 
 def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, out_f=128, seed=0, gemm=None):
@@ -109,7 +109,9 @@ def test_gemms_are_routed_with_the_operand_shapes_of_the_spec(monkeypatch):
     shapes = []
     original = linear.run_gemm
     monkeypatch.setattr(
-        linear, "run_gemm", lambda a, b, cfg: shapes.append((tuple(a.shape), tuple(b.shape))) or original(a, b, cfg)
+        linear,
+        "run_gemm",
+        lambda a, b, cfg, **kw: shapes.append((tuple(a.shape), tuple(b.shape))) or original(a, b, cfg, **kw),
     )
     layer, _ = _layer(in_f=64, out_f=128)
     _step(layer, tokens=192)
@@ -234,7 +236,7 @@ def test_every_quantized_recipe_trains_a_step_with_finite_gradients(name):
 
 
 def test_quant_stats_count_zero_rounded_and_saturated_blocks_across_the_model():
-    from ue5m3.linear import find_quant_stats
+    from ue5m3.layers.linear import find_quant_stats
 
     layer, _ = _layer()  # UE5M3 B16, D = 50: references are held between refreshes
     stats, state = find_quant_stats(layer), find_scale_state(layer)

@@ -11,7 +11,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
 from ue5m3 import models
-from ue5m3.lm_eval_adapter import UE5M3LM
+from ue5m3.evaluation.lm_eval import UE5M3LM
 
 # Batched (right-padded) and single-row forwards run GEMMs of different shapes, so float32 sums may differ in the
 # last bits; 1e-4 absolute on log-probs of ~-8 per token is far below any accuracy-relevant difference.
@@ -175,8 +175,8 @@ def test_registered_under_ue5m3_and_reports_eos():
 
 
 def test_arg_string_without_inference_module_names_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ue5m3.inference", None)  # import of it raises ImportError
-    with pytest.raises(ImportError, match="ue5m3.inference.load_for_inference"):
+    monkeypatch.setitem(sys.modules, "ue5m3.evaluation.inference", None)  # import of it raises ImportError
+    with pytest.raises(ImportError, match="ue5m3.evaluation.inference.load_for_inference"):
         UE5M3LM.create_from_arg_string("run_dir=/nonexistent,step=30000,policy=bf16,tokenizer=/t.json")
 
 
@@ -187,7 +187,9 @@ def test_arg_string_loads_through_load_for_inference(monkeypatch, net):
         seen.update(run_dir=run_dir, step=step, policy=policy, **kw)
         return Unit(net), ByteTokenizer()
 
-    monkeypatch.setitem(sys.modules, "ue5m3.inference", types.SimpleNamespace(load_for_inference=load_for_inference))
+    monkeypatch.setitem(
+        sys.modules, "ue5m3.evaluation.inference", types.SimpleNamespace(load_for_inference=load_for_inference)
+    )
     lm = UE5M3LM.create_from_arg_string(
         "run_dir=/runs/a,step=30000,policy=current_tensor,device=cpu", {"batch_size": 4}
     )

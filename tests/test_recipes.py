@@ -1,4 +1,4 @@
-"""Tests for ue5m3.recipes: named recipes, operand resolution, strict loading and lossless round trips."""
+"""Tests for ue5m3.layers.recipes: named recipes, operand resolution, strict loading and lossless round trips."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ue5m3 import recipes
-from ue5m3.formats import Rounding
-from ue5m3.quantize import SCHEMES
-from ue5m3.recipes import GemmConfig, GemmModel, Operand, Recipe, RoleConfig, TargetOverride
-from ue5m3.scaling import OperandRole
+from ue5m3.layers import recipes
+from ue5m3.layers.recipes import GemmConfig, GemmModel, Operand, Recipe, RoleConfig, TargetOverride
+from ue5m3.numerics.formats import Rounding
+from ue5m3.numerics.quantize import SCHEMES
+from ue5m3.numerics.scaling import OperandRole
 
 # The paper's quantizer call order per linear per training step (gemm spec section 1).
 CALL_ORDER = (
@@ -479,7 +479,7 @@ def test_dump_keeps_characters_yaml_reads_as_line_breaks(tmp_path):
 
 def test_recipe_gemm_models_are_the_gemm_layers_output_models_plus_bf16():
     """recipes.GemmModel spells gemm.OutputModel's models (plus bf16); the two must not drift apart."""
-    from ue5m3.gemm import OutputModel
-    from ue5m3.recipes import GemmModel
+    from ue5m3.layers.recipes import GemmModel
+    from ue5m3.numerics.gemm import OutputModel
 
     assert {m.value for m in GemmModel} == {m.value for m in OutputModel} | {"bf16"}

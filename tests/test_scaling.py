@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ue5m3.scaling import OperandRole, ScaleState, all_reduce_max
+from ue5m3.numerics.scaling import OperandRole, ScaleState, all_reduce_max
 
 A, W, G = OperandRole.ACTIVATION, OperandRole.WEIGHT, OperandRole.UPSTREAM_GRADIENT
 MOD = "model.layers.0.mlp.up_proj"

@@ -8,7 +8,7 @@ import torch
 from test_inference import make_run
 from ue5m3 import cli, models
 from ue5m3.data import open_data
-from ue5m3.snapshot import block_maxima, capture, code_counts, default_modules, log10_histogram, run_snapshot
+from ue5m3.evaluation.snapshot import block_maxima, capture, code_counts, default_modules, log10_histogram, run_snapshot
 
 
 @pytest.fixture(scope="module")

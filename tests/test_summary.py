@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from ue5m3 import summary
+from ue5m3.experiments import training_summary as summary
 
 
 def _fake_run(root, recipe, seed, losses, grad_norms, log_every=5):

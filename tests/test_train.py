@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ue5m3 import checkpoint, recipes, train
 from ue5m3.data import RandomTokenStream as TokenStream
-from ue5m3.train import OptimConfig, TrainConfig
+from ue5m3.layers import recipes
+from ue5m3.training import checkpoint
+from ue5m3.training import loop as train
+from ue5m3.training.config import OptimConfig, TrainConfig
 
 
 def _config(tmp_path, recipe="ue5m3_b16", steps=6, **kw):
@@ -158,7 +160,7 @@ def test_config_rejects_unknown_and_missing_keys_naming_them(tmp_path):
 
 
 def test_native_te_execution_fails_closed_without_a_blackwell_gpu(tmp_path):
-    from ue5m3 import native_te
+    from ue5m3.layers import native_te
 
     try:
         native_te.require_native()
@@ -177,4 +179,5 @@ def test_final_record_says_the_run_was_emulated(tmp_path):
         "execution": "emulated",
         "gemm_model": "probe_matched",
         "recipe": "nvfp4_te",
+        "backend": "auto",
     }

@@ -10,9 +10,10 @@ import pytest
 import torch
 import yaml
 
-from ue5m3 import checkpoint, recipes
-from ue5m3.formats import Rounding
-from ue5m3.scaling import OperandRole
+from ue5m3.layers import recipes
+from ue5m3.numerics.formats import Rounding
+from ue5m3.numerics.scaling import OperandRole
+from ue5m3.training import checkpoint
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from ue5m3.cli import main
 
 sys.exit(main())

@@ -20,7 +20,7 @@ from typing import Any
 import matplotlib as mpl
 from matplotlib.figure import Figure
 
-from .artifacts import atomic_path
+from ue5m3.artifacts import atomic_path
 
 STYLE: dict[str, Any] = {
     "font.family": "DejaVu Sans",  # ships with matplotlib, so every machine renders the same glyphs

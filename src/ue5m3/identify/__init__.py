@@ -4,11 +4,11 @@
 probe corpus and returns the match table; ``ue5m3 fit-emulator`` is the command-line entry point.
 """
 
-from .candidates import MMA_SIM, PROBE_MATCHED, Candidate, accumulate_cells, candidate_grid, parse
-from .corpus import Corpus, make_corpus
-from .fit import MatchTable, fit
-from .oracles import EmulatorOracle, OracleUnavailable, RecordedOracle, make_oracle, record
-from .probes import CorpusConfig, Probe
+from ue5m3.identify.candidates import MMA_SIM, PROBE_MATCHED, Candidate, accumulate_cells, candidate_grid, parse
+from ue5m3.identify.corpus import Corpus, make_corpus
+from ue5m3.identify.fit import MatchTable, fit
+from ue5m3.identify.oracles import EmulatorOracle, OracleUnavailable, RecordedOracle, make_oracle, record
+from ue5m3.identify.probes import CorpusConfig, Probe
 
 __all__ = [
     "Candidate",

@@ -24,10 +24,10 @@ The paper's probe-matched model is ``w64-exact-rtz-g1024``; MMA-Sim's is ``w64-f
 named by a canonical string (:attr:`Candidate.name`, :func:`parse`), which is how configs and tables spell them.
 
 Exactness: products of two FP32 operands are exact in FP64; exact slice sums use the superaccumulator of
-:mod:`ue5m3.accumulation` (correct for any exponent spread); fused steps are :func:`ue5m3.gemm.fused_step`, which
-sums truncated terms of at most b + 1 significant bits exactly in FP64 and refuses step sizes where that could
-fail (b + 1 + log2(terms) > 53). tests/test_identify.py pins
-``w64-exact-*`` to :func:`ue5m3.gemm.matmul` ``probe_matched`` and ``w64-fused35-rtz`` to its ``mma_sim``, and
+:mod:`ue5m3.numerics.exact` (correct for any exponent spread); fused steps are
+:func:`ue5m3.numerics.gemm.fused_step`, which sums truncated terms of at most b + 1 significant bits exactly in
+FP64 and refuses step sizes where that could fail (b + 1 + log2(terms) > 53). tests/test_identify.py pins
+``w64-exact-*`` to :func:`ue5m3.numerics.gemm.matmul` ``probe_matched`` and ``w64-fused35-rtz`` to its ``mma_sim``, and
 every candidate to a scalar reference in ``fractions``.
 """
 
@@ -41,9 +41,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..accumulation import exact_sum, slice_partials, snap
-from ..formats import Rounding
-from ..gemm import add_rtz, fused_step
+from ue5m3.numerics.exact import add_rounded, check_grid, exact_sum, slice_partials, snap
+from ue5m3.numerics.formats import Rounding
+from ue5m3.numerics.gemm import fused_step
 
 __all__ = ["Candidate", "parse", "candidate_grid", "accumulate_cells", "PROBE_MATCHED", "MMA_SIM", "BASELINES"]
 
@@ -85,8 +85,7 @@ class Candidate:
                     f"promotion must be a multiple of slice_width larger than it, got {self.promotion!r} "
                     f"for slice_width {self.slice_width!r}"
                 )
-        if self.final_grid is not None and (self.final_grid < 2 or self.final_grid & (self.final_grid - 1)):
-            raise ValueError(f"final_grid must be a power of two >= 2 or None, got {self.final_grid!r}")
+        check_grid(self.final_grid, "final_grid")
 
     @property
     def name(self) -> str:
@@ -183,10 +182,6 @@ def candidate_grid(
 # ----- evaluation ----------------------------------------------------------------------------------------
 
 
-def _update(acc: torch.Tensor, partial: torch.Tensor, rounding: Rounding) -> torch.Tensor:
-    return add_rtz(acc, partial) if rounding is Rounding.RTZ else acc + partial
-
-
 def accumulate_cells(products: torch.Tensor, candidate: Candidate, *, block: int = 1) -> torch.Tensor:
     """The encoded FP32 accumulator of each cell under ``candidate`` (snap included, alpha not applied).
 
@@ -223,7 +218,7 @@ def accumulate_cells(products: torch.Tensor, candidate: Candidate, *, block: int
     inner = torch.zeros(cells, dtype=torch.float32)
     for j in range(slices):
         if candidate.partial_bits is None:
-            inner = _update(inner, partials[:, j], candidate.rounding)
+            inner = add_rounded(inner, partials[:, j], candidate.rounding)
         else:
             inner = fused_step(terms[:, j].T, inner, bits=candidate.partial_bits, rounding=candidate.rounding)
         if candidate.promotion is not None and (j + 1) % per_promotion == 0:

@@ -22,8 +22,9 @@ def capture_linear(
         FileNotFoundError / CheckpointError: not a run directory, or no (valid) checkpoint.
         KeyError: the model has no module of that name (the message lists the linears it has).
     """
-    from .. import data, models  # noqa: PLC0415 - pipeline-level imports, kept off the numerics path
-    from ..inference import load_checkpoint_weights, read_run_config  # noqa: PLC0415
+    from ue5m3 import data, models  # noqa: PLC0415 - pipeline-level imports, kept off the numerics path
+    from ue5m3.evaluation.inference import load_checkpoint_weights  # noqa: PLC0415
+    from ue5m3.training.config import read_run_config  # noqa: PLC0415
 
     cfg = read_run_config(run_dir)
     state, manifest, path = load_checkpoint_weights(run_dir, step)

@@ -17,9 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..artifacts import atomic_path
-from ..quantize import get_scheme
-from .probes import (
+from ue5m3.artifacts import atomic_path
+from ue5m3.identify.probes import (
     CARRIER,
     FAMILIES,
     FP8,
@@ -32,6 +31,7 @@ from .probes import (
     threshold_probe,
     witness_probe,
 )
+from ue5m3.numerics.quantize import get_scheme
 
 __all__ = ["Corpus", "make_corpus"]
 

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..accumulation import snap
-from ..formats import Rounding
-from .candidates import BASELINES, Candidate, accumulate_cells, parse
-from .corpus import Corpus
-from .probes import Probe
+from ue5m3.identify.candidates import BASELINES, Candidate, accumulate_cells, parse
+from ue5m3.identify.corpus import Corpus
+from ue5m3.identify.probes import Probe
+from ue5m3.numerics.exact import snap
+from ue5m3.numerics.formats import Rounding
 
 __all__ = ["MatchTable", "fit", "baseline_outputs", "matches"]
 

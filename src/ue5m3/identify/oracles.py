@@ -1,7 +1,7 @@
 """Oracles: whatever computes the reference outputs of probe GEMMs, behind one interface.
 
 * :class:`EmulatorOracle`: a software output model with hidden parameters, for self-tests and the CPU pipeline.
-  Candidates that :func:`ue5m3.gemm.matmul` implements (``probe_matched`` and ``mma_sim`` families) run through
+  Candidates that :func:`ue5m3.numerics.gemm.matmul` implements (``probe_matched`` and ``mma_sim`` families) run through
   it on the whole GEMM -- an implementation independent of the fitter's cell-wise one; others run cell-wise.
 * :class:`RecordedOracle`: replays outputs saved by :func:`record` (from any oracle, e.g. on a GPU node), tied
   to the corpus by its SHA-256, so a fit is reproducible offline.
@@ -25,12 +25,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..artifacts import atomic_path, provenance
-from ..checkpoint import file_sha256
-from ..gemm import matmul
-from .candidates import Candidate, accumulate_cells, parse
-from .corpus import Corpus
-from .probes import FP8, Probe
+from ue5m3.artifacts import atomic_path, provenance
+from ue5m3.identify.candidates import Candidate, accumulate_cells, parse
+from ue5m3.identify.corpus import Corpus
+from ue5m3.identify.probes import FP8, Probe
+from ue5m3.numerics.gemm import matmul
+from ue5m3.training.checkpoint import file_sha256
 
 __all__ = [
     "Oracle",
@@ -193,7 +193,7 @@ class NativeNVFP4Oracle:
     """Transformer Engine NVFP4 forward GEMMs on Blackwell: y = x @ W^T with x = A and W = B^T, FP32 out."""
 
     def __init__(self) -> None:
-        from ..native_te import NativeUnavailable, autocast_with, require_native  # noqa: PLC0415
+        from ue5m3.layers.native_te import NativeUnavailable, autocast_with, require_native  # noqa: PLC0415
 
         try:
             self.te = require_native()

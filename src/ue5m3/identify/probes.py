@@ -3,7 +3,7 @@
 A :class:`Probe` is one GEMM C = A @ B (A [M, K], B [K, N]) and the output cells (rows[i], cols[i]) whose values
 are compared. Its operands are stored as the FP32 values a native GEMM is fed, and are *fixed points of the
 scheme's quantizer*: quantizing them (RNE, 1D blocks along K) reproduces them exactly, so Transformer Engine's
-NVFP4 quantizer (which :func:`ue5m3.quantize.quantize` reproduces bit for bit) hands the hardware exactly the
+NVFP4 quantizer (which :func:`ue5m3.numerics.quantize.quantize` reproduces bit for bit) hands the hardware exactly the
 payloads and scales every candidate model sees. FP8 probes hold E4M3 values with unit scales. Where operand rows
 are cut out of a larger tensor, one extra "carrier" row (column) holding the original tensor amax keeps the
 tensor scale, and with it every block scale, unchanged; carriers are never cells.
@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from .. import formats
-from ..gemm import alpha
-from ..quantize import get_scheme, quantize
+from ue5m3.numerics import formats
+from ue5m3.numerics.gemm import alpha
+from ue5m3.numerics.quantize import get_scheme, quantize
 
 __all__ = [
     "FP8",

@@ -12,13 +12,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import provenance, write_csv, write_json
-from ..checkpoint import file_sha256
-from .candidates import candidate_grid, parse
-from .corpus import Corpus, make_corpus
-from .fit import fit
-from .oracles import make_oracle
-from .probes import CorpusConfig
+from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.identify.candidates import candidate_grid, parse
+from ue5m3.identify.corpus import Corpus, make_corpus
+from ue5m3.identify.fit import fit
+from ue5m3.identify.oracles import make_oracle
+from ue5m3.identify.probes import CorpusConfig
+from ue5m3.training.checkpoint import file_sha256
 
 __all__ = ["CANDIDATE_KEYS", "write_corpus", "fit_emulator"]
 
@@ -39,7 +39,7 @@ def write_corpus(
     if witness_run is not None:
         if not witness_module:
             raise ValueError("a witness run needs the name of the linear whose GEMM to mine (witness_module)")
-        from .capture import capture_linear  # noqa: PLC0415
+        from ue5m3.identify.capture import capture_linear  # noqa: PLC0415
 
         *witness, info = capture_linear(witness_run, witness_module, step=witness_step, sequences=witness_sequences)
     record = provenance("make-probes", asdict(cfg), witness_source=info)

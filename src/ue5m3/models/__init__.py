@@ -35,8 +35,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from .dense import DenseConfig, DenseTransformer
-from .nemotron_h import NemotronH, NemotronHConfig
+from ue5m3.models.dense import DenseConfig, DenseTransformer
+from ue5m3.models.nemotron_h import NemotronH, NemotronHConfig
 
 __all__ = [
     "DenseConfig",

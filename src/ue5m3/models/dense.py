@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import ACTIVATIONS, MLP, Attention, OutputHead, RMSNorm, init_normal_
+from ue5m3.models.layers import ACTIVATIONS, MLP, Attention, OutputHead, RMSNorm, init_normal_
 
 __all__ = ["DenseConfig", "DenseBlock", "DenseDecoder", "DenseTransformer"]
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..artifacts import atomic_path
-from .nemotron_h import NemotronHConfig
+from ue5m3.artifacts import atomic_path
+from ue5m3.models.nemotron_h import NemotronHConfig
 
 __all__ = ["config_from_hf", "hf_config_dict", "save_safetensors", "load_safetensors"]
 

@@ -1,7 +1,7 @@
 """Building blocks shared by the model families: RMSNorm, the FP32 output head, GQA attention and the MLP.
 
 Everything here is plain PyTorch with plain ``nn.Linear`` projections (style rule 7): quantisation is applied
-later by :func:`ue5m3.linear.convert`, which swaps selected linears for FP4 modules that share the same
+later by :func:`ue5m3.layers.linear.convert`, which swaps selected linears for FP4 modules that share the same
 Parameters. For that reason every forward calls its projections as modules (``self.q_proj(x)``), never
 ``F.linear(x, self.q_proj.weight)``, and weight initialisation goes through each module's ``.weight`` attribute
 rather than through ``isinstance(m, nn.Linear)`` so that it still works after conversion.

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import MLP, Attention, OutputHead, RMSNorm, at_least_fp32, init_normal_
-from .ssd import ssd_scan
+from ue5m3.models.layers import MLP, Attention, OutputHead, RMSNorm, at_least_fp32, init_normal_
+from ue5m3.models.ssd import ssd_scan
 
 __all__ = ["NemotronHConfig", "GatedRMSNorm", "Mamba2Mixer", "NemotronHBlock", "NemotronHBackbone", "NemotronH"]
 

@@ -1,0 +1,157 @@
+"""The evaluation verbs: validation NLL, the scale snapshot, downstream tasks and lm-eval's own CLI."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from ue5m3.cli import argtypes
+
+__all__ = ["add_verbs"]
+
+
+def _evaluate_nll(args: argparse.Namespace) -> int:
+    from ue5m3.evaluation import nll as evaluate
+
+    record = evaluate.run_nll(
+        args.run_dir,
+        args.out,
+        policy=args.policy,
+        step=args.step,
+        orders=args.orders,
+        seed=args.seed,
+        bootstrap_samples=args.bootstrap_samples,
+        force_bf16=args.force_bf16,
+    )
+    print(f"NLL {record['nll']:.6f} over {record['tokens']} tokens ({record['policy']}): {args.out}")
+    return 0
+
+
+def _scale_snapshot(args: argparse.Namespace) -> int:
+    from ue5m3.evaluation import snapshot
+
+    paths = snapshot.run_snapshot(args.run_dir, args.out_dir, step=args.step, modules=args.modules)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _lm_eval(args: argparse.Namespace) -> int:
+    from lm_eval.__main__ import cli_evaluate
+
+    from ue5m3.evaluation import lm_eval as lm_eval_adapter  # noqa: F401  # registers --model ue5m3
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *args.lm_eval_args]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def _evaluate_downstream(args: argparse.Namespace) -> int:
+    from ue5m3.evaluation import olmes
+
+    record = olmes.evaluate_run(
+        args.run_dir,
+        args.out,
+        policy=args.policy,
+        task_dir=args.tasks_dir,
+        tasks=args.tasks,
+        step=args.step,
+        n=args.examples,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+    )
+    mmlu = record["aggregates"]["mmlu"]["best"]
+    core = record["aggregates"]["core9_evaluated"]["macro"]
+    pro = record["aggregates"].get("mmlu_pro_mc")
+    extra = "" if pro is None else f", MMLU-Pro MC {pro}"
+    print(f"Core 9 (evaluated tasks) {core}, MMLU {mmlu}{extra} in {record['work_units']} work units: {args.out}")
+    return 0
+
+
+def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
+    p = sub.add_parser(
+        "evaluate-nll",
+        help="validation NLL of a checkpoint under one inference policy",
+        description="Reload a run's checkpoint, evaluate the validation NLL with the paper's protocol (batch 1, FP32 "
+        "head in chunks, FP64 sums) and write a JSON result plus per-sequence sums, with bootstrap or "
+        "evaluation-order intervals.",
+    )
+    p.add_argument("--run-dir", required=True, help="the training run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=["bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen"],
+        help="activation-reference policy (numerics spec section 4)",
+    )
+    p.add_argument("--orders", type=int, default=1, help="evaluation orders (cold_d50_replay only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the extra orders and the bootstrap")
+    p.add_argument("--bootstrap-samples", type=int, default=2000, help="sequence-bootstrap resamples")
+    p.add_argument("--force-bf16", action="store_true", help="allow policy bf16 on a quantized run")
+    p.add_argument("--out", required=True, help="the JSON result (per-sequence sums go next to it)")
+    verbs["evaluate-nll"] = _evaluate_nll
+
+    p = sub.add_parser(
+        "scale-snapshot",
+        help="wgrad dY^T block-scale placement at one checkpoint",
+        description="One training-mode forward and backward of the first held-out sequence (no update); write "
+        "counts.csv, histograms.csv and provenance.json (experiments spec section 7).",
+    )
+    p.add_argument("--run-dir", required=True, help="the training run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument(
+        "--modules", nargs="+", default=None, help="fnmatch patterns of linears (default: last 4 down projections)"
+    )
+    p.add_argument("--out-dir", required=True, help="directory for the tables")
+    verbs["scale-snapshot"] = _scale_snapshot
+
+    p = sub.add_parser(
+        "evaluate-downstream",
+        help="OLMES-style Core 9 / MMLU accuracy of a checkpoint under one inference policy (offline)",
+        description="Build the offline lm-eval tasks if missing (ue5m3.evaluation.olmes), score the checkpoint through "
+        "--model ue5m3 in lm-eval's fixed request order (one batch = one work unit) and write a JSON result with "
+        "per-task MC/RC scores, the paper's aggregates and provenance.",
+    )
+    p.add_argument("--run-dir", required=True, help="the training run directory")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    p.add_argument(
+        "--policy",
+        required=True,
+        choices=["bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen"],
+        help="activation-reference policy (numerics spec section 4)",
+    )
+    p.add_argument("--tasks-dir", required=True, help="task dir shared by all runs (built here when missing)")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        required=True,
+        help="Core 9 tasks (arc_easy, ...), mmlu (all subjects), mmlu_SUBJECT, or mmlu_pro_mc (HF hub)",
+    )
+    p.add_argument(
+        "--examples",
+        type=argtypes.optional_count,
+        default=None,
+        help="examples per task subsampled into the task dir (or all)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="lm-eval's per-task limit on top (tests)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests per forward (the policy's work unit)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per row (default: the run's sequence length)")
+    p.add_argument("--out", required=True, help="the JSON result")
+    verbs["evaluate-downstream"] = _evaluate_downstream
+
+    p = sub.add_parser(
+        "lm-eval",
+        help="lm-eval's own command line with --model ue5m3 registered",
+        description="Run lm-eval's CLI (lm_eval.__main__.cli_evaluate) with every further argument, after "
+        "registering --model ue5m3 (model_args run_dir=..,policy=..,tokenizer=..[,step=..]). Example: ue5m3 lm-eval "
+        "--model ue5m3 --model_args run_dir=RUN,policy=bf16,tokenizer=TOK --include_path DIR --tasks NAME. "
+        "lm-eval's own options: `ue5m3 lm-eval -- run --help`.",
+    )
+    p.set_defaults(lm_eval_args=[])
+    verbs["lm-eval"] = _lm_eval

@@ -1,0 +1,80 @@
+"""The data and training verbs: prepare the corpus and shards, validate a run config, train."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from ue5m3.cli import argtypes
+
+__all__ = ["add_verbs"]
+
+
+def _prepare_data(args: argparse.Namespace) -> int:
+    from ue5m3 import data
+    from ue5m3.artifacts import provenance, write_json
+
+    config = data.DataConfig.from_dict(args.config_json)
+    seconds = data.build_data(config)
+    opened = data.open_data(config)
+    record = provenance(
+        "prepare-data",
+        args.config_json,
+        seconds=seconds,
+        validation_sha256=opened.validation.sha256(),
+        calibration_sha256=opened.calibration.sha256(),
+    )
+    write_json(args.out, record)
+    print(f"data prepared under {config.data_dir} in {sum(seconds.values()):.1f} s; record: {args.out}")
+    return 0
+
+
+def _train_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from ue5m3.artifacts import atomic_path
+    from ue5m3.training.config import TrainConfig
+
+    cfg = TrainConfig(**args.json)  # validates every key before anything is written
+    with atomic_path(args.out) as tmp:
+        tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=True))
+    print(f"train config: {args.out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ue5m3.training import loop as train
+
+    return train.main(args.config, threads=args.threads)
+
+
+def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
+    p = sub.add_parser(
+        "prepare-data",
+        help="corpus, tokenizer and token shards of the data section",
+        description="Prepare the corpus splits, train the BPE (unless data.tokenizer_path is set), tokenize every "
+        "split into memory-mapped shards and write a provenance record.",
+    )
+    p.add_argument("--config-json", type=argtypes.json_object, required=True, help="the data section as a JSON object")
+    p.add_argument("--out", required=True, help="the provenance record to write (JSON)")
+    verbs["prepare-data"] = _prepare_data
+
+    p = sub.add_parser(
+        "train-config",
+        help="validate a training run's settings and write its config YAML",
+        description="Validate a JSON object against the training config (unknown or missing keys fail) and write "
+        "it as the YAML that `ue5m3 train --config` reads.",
+    )
+    p.add_argument("--json", type=argtypes.json_object, required=True, help="the run's settings as a JSON object")
+    p.add_argument("--out", required=True, help="the config YAML to write")
+    verbs["train-config"] = _train_config
+
+    p = sub.add_parser(
+        "train",
+        help="train (or resume) one run",
+        description="Train one run from its config YAML, resuming from its newest checkpoint; under torchrun with "
+        "several processes the model is sharded with FSDP2.",
+    )
+    p.add_argument("--config", required=True, help="the run's config YAML (see `ue5m3 train-config`)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    verbs["train"] = _train

@@ -1,0 +1,332 @@
+"""One strict loader for every config of the project (style rule 6).
+
+Each stage's settings are a frozen, keyword-only dataclass whose defaults are written once, in the dataclass.
+:func:`load` builds one from plain data (a YAML/JSON mapping) and refuses, naming the source file and the key
+path:
+
+* unknown keys and missing keys without a default (both listed);
+* values of the wrong type (a bool where a number belongs, a string where a list belongs, a float where an int
+  belongs), unknown enum values (the accepted ones listed);
+* whatever the dataclass's own ``__post_init__`` refuses (its message is prefixed with the key path).
+
+Types are read from the dataclass annotations: ``int``, ``float`` (ints accepted), ``str``, ``bool``, ``None``
+and unions with it, ``tuple[X, ...]``, ``tuple[X, Y]``, ``list[X]``, ``Mapping[str, X]``/``dict``, ``Literal``,
+``StrEnum``/``IntEnum`` subclasses (by value), nested dataclasses and ``Any``. Lists become tuples where a tuple is
+declared, enum strings become members. :func:`dump` is the inverse (plain data for YAML or JSON), and
+:func:`read_yaml` refuses duplicate keys, which PyYAML would otherwise silently resolve to the last value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+__all__ = ["ConfigError", "ConfigTypeError", "load", "load_value", "dump", "read_yaml", "field_types", "schema"]
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value refused by the strict loader; the message names the source and the key path."""
+
+
+class ConfigTypeError(TypeError, ConfigError):
+    """A config value of the wrong type (a TypeError, as style rule 14 asks, and a :class:`ConfigError`)."""
+
+
+def _where(source: str, path: str) -> str:
+    return f"{source}: {path or '<root>'}"
+
+
+# ----- YAML without duplicate keys ----------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one silently)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first at line {seen[key].line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def read_yaml(path: str | os.PathLike[str] | Traversable) -> Any:
+    """Parse a YAML (or JSON) file, refusing duplicate keys; errors name the file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ConfigError: not valid YAML, or a duplicate key.
+    """
+    source = str(path)
+    text = path.read_text(encoding="utf-8") if hasattr(path, "read_text") else Path(path).read_text(encoding="utf-8")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+
+
+def load_value(text: str, *, what: str = "config") -> tuple[Any, str]:
+    """A config given on a command line: a JSON/YAML mapping inline, or the path of a YAML/JSON file.
+
+    Returns:
+        (the parsed data, the source to name in errors).
+    """
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        try:
+            return json.loads(stripped), f"{what} (inline JSON)"
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{what} (inline JSON): not valid JSON: {exc}") from None
+    return read_yaml(stripped), stripped
+
+
+# ----- types --------------------------------------------------------------------------------------------
+
+
+@cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved annotation of every field of dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return "any value"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return f"one of {[m.value for m in tp]}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return f"one of {list(typing.get_args(tp))}"
+    if origin in (tuple, list, Sequence):
+        return "a list"
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        return "a mapping"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _type_error(value: Any, tp: Any, source: str, path: str) -> ConfigError:
+    return ConfigTypeError(f"{_where(source, path)}: expected {_describe(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _convert(value: Any, tp: Any, source: str, path: str, complete: bool = False) -> Any:
+    """``value`` checked against ``tp`` and converted (lists to tuples, strings to enum members)."""
+    if tp is Any:
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, source, path, complete)
+            except ConfigError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise _type_error(value, tp, source, path)
+    if tp is type(None):
+        if value is not None:
+            raise _type_error(value, tp, source, path)
+        return None
+    if origin is typing.Literal:
+        if value not in args or isinstance(value, bool) != any(isinstance(a, bool) for a in args if a == value):
+            raise ConfigError(f"{_where(source, path)}: unknown value {value!r}; accepted: {list(args)}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        accepted = [m.value for m in tp]
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, bool) or value not in accepted:
+            raise ConfigError(f"{_where(source, path)}: unknown value {value!r}; accepted: {accepted}")
+        return tp(value)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return load(tp, value, source=source, path=path, complete=complete)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _type_error(value, tp, source, path)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(value, tp, source, path)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _type_error(value, tp, source, path)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _type_error(value, tp, source, path)
+        return value
+    if origin in (tuple, list, Sequence) or tp in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise _type_error(value, tp, source, path)
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(value) != len(args):
+                raise ConfigError(f"{_where(source, path)}: expected {len(args)} items, got {len(value)}: {value!r}")
+            items = [
+                _convert(v, a, source, f"{path}[{i}]", complete)
+                for i, (v, a) in enumerate(zip(value, args, strict=True))
+            ]
+        else:
+            item_tp = args[0] if args else Any
+            items = [_convert(v, item_tp, source, f"{path}[{i}]", complete) for i, v in enumerate(value)]
+        return items if origin is list or tp is list else tuple(items)
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise _type_error(value, tp, source, path)
+        key_tp, value_tp = args if args else (Any, Any)
+        return {
+            _convert(k, key_tp, source, f"{path}.{k}"): _convert(
+                v, value_tp, source, f"{path}.{k}" if path else str(k), complete
+            )
+            for k, v in value.items()
+        }
+    if isinstance(tp, type):
+        if not isinstance(value, tp):
+            raise _type_error(value, tp, source, path)
+        return value
+    raise TypeError(f"config loader: unsupported annotation {tp!r} at {path}")
+
+
+# ----- load and dump ------------------------------------------------------------------------------------
+
+
+def load(cls: type[T], data: Any, *, source: str = "<config>", path: str = "", complete: bool = False) -> T:
+    """Build dataclass ``cls`` from plain data, strictly (see the module docstring).
+
+    Args:
+        cls: a dataclass.
+        data: a mapping of its field names to plain values.
+        source: where the data came from (a file path), named in every error.
+        path: the key path of ``data`` inside the source (``training.optim``), named in every error.
+        complete: refuse missing keys even where the dataclass has a default (documents that spell out every
+            setting, such as recipe files; applies to nested dataclasses too).
+
+    Raises:
+        ConfigError: unknown, missing or mistyped keys, unknown enum values, or a refused invariant.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigTypeError(f"{_where(source, path)}: expected a mapping, got {type(data).__name__} {data!r}")
+    declared = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(str(k) for k in data if k not in declared)
+    missing = [name for name, f in declared.items() if (complete or not _has_default(f)) and name not in data]
+    if unknown or missing:
+        raise ConfigError(
+            f"{_where(source, path)}: unknown keys {unknown}, missing keys {missing}; expected {list(declared)}"
+        )
+    hints = field_types(cls)
+    kwargs = {
+        key: _convert(value, hints[key], source, f"{path}.{key}" if path else key, complete)
+        for key, value in data.items()
+    }
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        kind = ConfigTypeError if isinstance(exc, TypeError) else ConfigError
+        raise kind(_invariant_message(source, path, str(exc), declared)) from None
+
+
+def _invariant_message(source: str, path: str, message: str, fields: Mapping[str, Any]) -> str:
+    """A ``__post_init__`` message under the key path: 'key: detail' of a field becomes 'path.key: detail'."""
+    head, sep, _ = message.partition(":")
+    if sep and head.split(".")[0].split("[")[0] in fields:
+        return f"{source}: {path}.{message}" if path else f"{source}: {message}"
+    return f"{_where(source, path)}: {message}"
+
+
+def dump(value: Any) -> Any:
+    """Plain data (dicts, lists, str, int, float, bool, None) of a config; :func:`load` reads it back."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: dump(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+    if isinstance(value, Mapping):
+        return {dump(k): dump(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [dump(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    return value
+
+
+# ----- schema (for the drift test against the Snakemake schema) ------------------------------------------
+
+
+def schema(tp: Any) -> dict[str, Any]:
+    """A JSON-schema fragment of an annotation or dataclass: what the loader accepts, as types and keys."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return {}
+    if dataclasses.is_dataclass(tp):
+        declared = [f for f in dataclasses.fields(tp) if f.init]
+        hints = field_types(tp)
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": sorted(f.name for f in declared if not _has_default(f)),
+            "properties": {f.name: schema(hints[f.name]) for f in declared},
+        }
+    if origin in (typing.Union, types.UnionType):
+        return {"anyOf": [schema(a) for a in args]}
+    if tp is type(None):
+        return {"type": "null"}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if origin in (tuple, list, Sequence) or tp in (tuple, list):
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return {"type": "array", "prefixItems": [schema(a) for a in args], "minItems": len(args)}
+        return {"type": "array", "items": schema(args[0]) if args else {}}
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        return {"type": "object", "additionalProperties": schema(args[1]) if args else {}}
+    return {}

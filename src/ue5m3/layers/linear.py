@@ -1,0 +1,434 @@
+"""The FP4 linear layer: Y = X W^T (+ b) with its three GEMMs quantized by operand role (gemm spec section 1).
+
+| GEMM  | A operand                                | B operand                          |
+|-------|------------------------------------------|------------------------------------|
+| fprop | X [T, in], 1D blocks along in, RNE       | W^T [in, out], 2D tiles, RNE       |
+| dgrad | dY [T, out], 1D along out, SR            | W [out, in], the same 2D tiles     |
+| wgrad | dY^T [out, T], 1D along tokens, SR       | X [T, in], 1D along tokens, RNE    |
+
+Both backward GEMMs share one dY reference; X and W reuse their forward references in the backward pass, and
+the wgrad operands are quantized afresh from the high-precision tensors along the token dimension (never
+transposes of the forward copies). With RHT (TE settings), the wgrad operands are RHT(dY^T) and RHT(X^T) along
+tokens with their current amax. Every quantizer call goes through :func:`quantize_operand` and every GEMM
+through :func:`run_gemm`, so tests can record them.
+
+:class:`QuantLinear` only flattens the input, calls :class:`FP4Matmul`, reshapes and adds the bias in FP32.
+:func:`convert` swaps selected exact ``nn.Linear`` modules for it, sharing the same Parameter objects.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ue5m3.layers.recipes import GemmConfig, GemmModel, Operand, OperandSpec, Recipe
+from ue5m3.numerics import gemm, hadamard
+from ue5m3.numerics.backend import Backend
+from ue5m3.numerics.quantize import BlockScheme, QuantizedTensor, get_scheme, quantize
+from ue5m3.numerics.scaling import OperandRole, ScaleState
+
+__all__ = [
+    "LinearPolicy",
+    "FP4Matmul",
+    "QuantLinear",
+    "ConversionRecord",
+    "convert",
+    "find_scale_state",
+    "find_quant_stats",
+    "QuantStats",
+    "layer_index",
+    "quantize_operand",
+    "run_gemm",
+]
+
+
+@dataclass(frozen=True)
+class LinearPolicy:
+    """Everything one FP4 linear needs to know, resolved once at conversion.
+
+    Attributes:
+        module: the module's name (the scale-state key).
+        scheme: the block scheme (targets per operand come from ``operands``).
+        operands: the six resolved operand settings.
+        gemm: the GEMM output model and its parameters.
+        backend: who computes the quantizations and GEMMs (the same bits on every backend).
+    """
+
+    module: str
+    scheme: BlockScheme
+    operands: dict[Operand, OperandSpec]
+    gemm: GemmConfig
+    backend: Backend = Backend.AUTO
+
+
+def quantize_operand(
+    tensor: torch.Tensor,
+    spec: OperandSpec,
+    scheme: BlockScheme,
+    *,
+    axis: int,
+    reference: torch.Tensor | None,
+    name: str,
+    stochastic: bool = True,
+    backend: Backend = Backend.AUTO,
+) -> QuantizedTensor:
+    """Quantize one GEMM operand as its spec says (the single place every operand passes through)."""
+    rounding = spec.rounding if stochastic or spec.rounding.random_bit_count == 0 else "rne"
+    return quantize(
+        tensor,
+        scheme,
+        tensor_amax=reference,
+        target=spec.target,
+        rounding=rounding,
+        two_d=spec.two_d,
+        axis=axis,
+        name=name,
+        backend=backend,
+    )
+
+
+def run_gemm(
+    a_q: QuantizedTensor, b_q: QuantizedTensor, config: GemmConfig, *, backend: Backend = Backend.AUTO
+) -> torch.Tensor:
+    """A @ B under the configured output model (FP32 result)."""
+    return gemm.matmul(
+        a_q,
+        b_q,
+        config.model.value,
+        slice_width=config.slice_width,
+        cross_slice_rounding=config.cross_slice_rounding,
+        final_grid=config.final_grid,
+        backend=backend,
+    )
+
+
+def _wgrad_operand(t_by_tokens: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, bool]:
+    """[features, T] wgrad operand, RHT-transformed along tokens when the spec asks (then current amax)."""
+    if not spec.rht:
+        return t_by_tokens, False
+    return hadamard.rht(t_by_tokens, out_dtype=torch.bfloat16).to(torch.float32), True
+
+
+class QuantStats:
+    """Running totals of block-scale diagnostics over every operand a model quantized (reset by the reader).
+
+    Counts blocks whose scale rounded to zero before repair and blocks whose ideal scale saturated the scale
+    format; kept as tensors so reading them is the only synchronisation.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.zero_rounded = torch.zeros((), dtype=torch.int64)
+        self.saturated = torch.zeros((), dtype=torch.int64)
+        self.blocks = 0
+
+    def add(self, q: QuantizedTensor) -> QuantizedTensor:
+        self.zero_rounded = self.zero_rounded + q.zero_rounded_blocks.cpu()
+        self.saturated = self.saturated + q.saturated_blocks.cpu()
+        self.blocks += q.scale_values.numel()
+        return q
+
+    def pop(self) -> dict[str, int]:
+        """The totals since the last pop, as ints; resets the counters."""
+        out = {
+            "zero_rounded_blocks": int(self.zero_rounded),
+            "saturated_blocks": int(self.saturated),
+            "quantized_blocks": self.blocks,
+        }
+        self.reset()
+        return out
+
+
+class FP4Matmul(torch.autograd.Function):
+    """Y = X W^T with FP4 operands; backward computes dgrad and wgrad with their own quantizations."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        policy: LinearPolicy,
+        state: ScaleState | None,
+        stats: QuantStats,
+        stochastic: bool,
+    ) -> torch.Tensor:
+        ops, name = policy.operands, policy.module
+        ref_x = state.reference(OperandRole.ACTIVATION, name, x) if state is not None else None
+        ref_w = state.reference(OperandRole.WEIGHT, name, weight) if state is not None else None
+        # fprop: A = X [T, in] along in; B = W^T [in, out] along in (2D tiles: W^T's tiles are W's, transposed)
+        x_q = quantize_operand(
+            x,
+            ops[Operand.FPROP_ACTIVATION],
+            policy.scheme,
+            axis=-1,
+            reference=ref_x,
+            name=f"{name}.fprop.x",
+            backend=policy.backend,
+        )
+        wt_q = quantize_operand(
+            weight.t(),
+            ops[Operand.FPROP_WEIGHT],
+            policy.scheme,
+            axis=0,
+            reference=ref_w,
+            name=f"{name}.fprop.w",
+            backend=policy.backend,
+        )
+        stats.add(x_q), stats.add(wt_q)
+        y = run_gemm(x_q, wt_q, policy.gemm, backend=policy.backend)  # [T, out] FP32
+        ctx.save_for_backward(x, weight)
+        ctx.policy, ctx.state, ctx.stats, ctx.refs, ctx.stochastic = policy, state, stats, (ref_x, ref_w), stochastic
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        policy, state, (ref_x, ref_w) = ctx.policy, ctx.state, ctx.refs
+        ops, name, scheme = policy.operands, policy.module, policy.scheme
+        dy = grad_y.to(torch.float32)
+        # One dY reference shared by both backward GEMMs.
+        ref_dy = state.reference(OperandRole.UPSTREAM_GRADIENT, name, dy) if state is not None else None
+
+        # dgrad, quantizations: A = dY [T, out] along out
+        dy_q = quantize_operand(
+            dy,
+            ops[Operand.DGRAD_UPSTREAM_GRADIENT],
+            scheme,
+            axis=-1,
+            reference=ref_dy,
+            name=f"{name}.dgrad.dy",
+            stochastic=ctx.stochastic,
+            backend=policy.backend,
+        )
+        # wgrad, quantizations: A = dY^T [out, T] along tokens (RHT'd with current amax if configured)
+        dyt, dyt_current = _wgrad_operand(dy.t(), ops[Operand.WGRAD_UPSTREAM_GRADIENT])
+        dyt_q = quantize_operand(
+            dyt,
+            ops[Operand.WGRAD_UPSTREAM_GRADIENT],
+            scheme,
+            axis=-1,
+            reference=None if dyt_current else ref_dy,
+            name=f"{name}.wgrad.dyt",
+            stochastic=ctx.stochastic,
+            backend=policy.backend,
+        )
+        # dgrad: B = W [out, in] along out (the same 2D tiles as the forward pass)
+        w_q = quantize_operand(
+            weight,
+            ops[Operand.DGRAD_WEIGHT],
+            scheme,
+            axis=0,
+            reference=ref_w,
+            name=f"{name}.dgrad.w",
+            backend=policy.backend,
+        )
+        # wgrad: B = X [T, in] along tokens, from the high-precision X (RHT'd along tokens if configured)
+        xt, xt_current = _wgrad_operand(x.t(), ops[Operand.WGRAD_ACTIVATION])
+        x_q = quantize_operand(
+            xt.t(),
+            ops[Operand.WGRAD_ACTIVATION],
+            scheme,
+            axis=0,
+            reference=None if xt_current else ref_x,
+            name=f"{name}.wgrad.x",
+            backend=policy.backend,
+        )
+
+        for q in (dy_q, dyt_q, w_q, x_q):
+            ctx.stats.add(q)
+        grad_x = run_gemm(dy_q, w_q, policy.gemm, backend=policy.backend)  # dgrad: [T, out] @ [out, in] -> [T, in]
+        grad_w = run_gemm(dyt_q, x_q, policy.gemm, backend=policy.backend)  # wgrad: [out, T] @ [T, in] -> [out, in]
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None, None, None
+
+
+class QuantLinear(nn.Module):
+    """An ``nn.Linear`` whose GEMMs run in FP4 under a :class:`LinearPolicy`.
+
+    Shares its Parameters with the module it replaces. ``inference=True`` (see :meth:`set_inference`) runs the
+    forward GEMM only, without stochastic rounding.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        policy: LinearPolicy,
+        scale_state: ScaleState | None,
+        stats: QuantStats | None = None,
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device))
+        self.bias: nn.Parameter | None = None
+        self.policy = policy
+        self.scale_state = scale_state
+        self.stats = stats if stats is not None else QuantStats()
+        self.inference = False
+
+    @classmethod
+    def from_float(
+        cls, linear: nn.Linear, policy: LinearPolicy, scale_state: ScaleState | None, stats: QuantStats | None = None
+    ) -> QuantLinear:
+        """Build a shell on the meta device and attach the original Parameter objects."""
+        module = cls(linear.in_features, linear.out_features, policy, scale_state, stats, device="meta")
+        module.weight = linear.weight
+        module.bias = linear.bias
+        return module
+
+    def set_inference(self, inference: bool = True) -> QuantLinear:
+        self.inference = inference
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., in) -> (T, in)
+        x2d = x.reshape(-1, self.in_features)
+        y = FP4Matmul.apply(
+            x2d.to(torch.float32), self.weight, self.policy, self.scale_state, self.stats, not self.inference
+        )
+        if self.bias is not None:
+            y = y + self.bias.to(torch.float32)
+        # (T, out) -> (..., out), in the input's dtype (BF16 activations on the GPU path)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"scheme={self.policy.scheme.name}, gemm={self.policy.gemm.model.value}"
+        )
+
+
+# ----- conversion ---------------------------------------------------------------------------------------
+
+_LAYER_PATTERN = re.compile(r"(?:^|\.)(?:layers|blocks|h)\.(\d+)(?:\.|$)")
+
+
+def layer_index(name: str) -> int | None:
+    """The block index in a module name like ``backbone.layers.12.mixer.down_proj`` (None outside blocks)."""
+    match = _LAYER_PATTERN.search(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class ConversionRecord:
+    """What :func:`convert` decided for one selected module (goes into a run's metadata)."""
+
+    name: str
+    layer: int | None
+    in_features: int
+    out_features: int
+    status: str  # "converted" | "bf16_exempt" | "already_converted"
+    scheme: str | None
+    gemm: str | None
+
+
+Selector = Callable[[str, nn.Module], bool] | Sequence[str]
+
+
+def _selected(select: Selector, name: str, module: nn.Module) -> bool:
+    if callable(select):
+        return bool(select(name, module))
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in select)
+
+
+def convert(
+    model: nn.Module,
+    recipe: Recipe,
+    *,
+    select: Selector,
+    scale_state: ScaleState | None = None,
+    backend: Backend | str = Backend.AUTO,
+) -> tuple[ConversionRecord, ...]:
+    """Swap the selected exact ``nn.Linear`` modules of ``model`` for :class:`QuantLinear` under ``recipe``.
+
+    Args:
+        model: any torch model.
+        recipe: the numerics recipe (a BF16 recipe converts nothing and records every selection as exempt).
+        select: fnmatch patterns on module names, or a callable ``(name, module) -> bool``; required so that
+            nobody silently decides whether, say, the output head is quantized.
+        scale_state: the shared tensor-reference state; a new ``ScaleState(recipe.interval)`` by default (or the
+            one already attached to converted modules).
+        backend: who computes the converted layers' quantizations and GEMMs (results do not depend on it).
+
+    Returns:
+        One record per selected module, in module order.
+
+    Raises:
+        TypeError: a selected module is a subclass of ``nn.Linear`` (its forward may differ) or not a linear.
+        ValueError: a selected module is reachable under two names (aliased); nothing is changed then.
+    """
+    if select is None or (not callable(select) and isinstance(select, str)):
+        raise TypeError("select must be a sequence of name patterns or a callable (name, module) -> bool")
+    seen: dict[int, str] = {}
+    chosen: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not name or not _selected(select, name, module):
+            continue
+        if id(module) in seen:
+            raise ValueError(f"module {name!r} is the same object as {seen[id(module)]!r}; refusing aliased modules")
+        seen[id(module)] = name
+        if not isinstance(module, QuantLinear) and type(module) is not nn.Linear:
+            raise TypeError(f"selected module {name!r} is a {type(module).__name__}, not an exact nn.Linear")
+        chosen.append((name, module))
+    # every decision is made before anything changes
+    state = scale_state or find_scale_state(model)
+    if state is None and recipe.gemm.model is not GemmModel.BF16:
+        state = ScaleState(recipe.interval)
+    stats = find_quant_stats(model) or QuantStats()
+    records = []
+    for name, module in chosen:
+        layer = layer_index(name)
+        status = (
+            "already_converted"
+            if isinstance(module, QuantLinear)
+            else "bf16_exempt"
+            if recipe.gemm.model is GemmModel.BF16 or recipe.is_bf16_layer(layer)
+            else "converted"
+        )
+        scheme = (
+            None
+            if status == "bf16_exempt"
+            else (module.policy.scheme.name if isinstance(module, QuantLinear) else recipe.scheme)
+        )
+        gemm_name = None if status == "bf16_exempt" else recipe.gemm.model.value
+        records.append(
+            ConversionRecord(name, layer, module.in_features, module.out_features, status, scheme, gemm_name)
+        )
+        if status == "converted":
+            policy = LinearPolicy(
+                module=name,
+                scheme=get_scheme(recipe.scheme),
+                operands=recipe.operand_specs(name, layer),
+                gemm=recipe.gemm,
+                backend=Backend(backend),
+            )
+            _set_submodule(model, name, QuantLinear.from_float(module, policy, state, stats))
+    return tuple(records)
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def find_scale_state(model: nn.Module) -> ScaleState | None:
+    """The ScaleState shared by the model's QuantLinear modules (None if none are converted)."""
+    states = {id(m.scale_state): m.scale_state for m in model.modules() if isinstance(m, QuantLinear)}
+    if len(states) > 1:
+        raise ValueError("the model's FP4 linears use different scale states; convert with one shared state")
+    return next(iter(states.values()), None)
+
+
+def find_quant_stats(model: nn.Module) -> QuantStats | None:
+    """The QuantStats shared by the model's QuantLinear modules (None if none are converted)."""
+    found = {id(m.stats): m.stats for m in model.modules() if isinstance(m, QuantLinear)}
+    return next(iter(found.values()), None)

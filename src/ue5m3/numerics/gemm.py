@@ -1,0 +1,338 @@
+"""GEMM output models: how an FP4 GEMM forms its FP32 result from two block-quantized operands.
+
+gemm spec section 2. All models take the same operands: A [M, K] quantized along K (``axis=-1``) and
+B [K, N] quantized along K (``axis=0``), with equal block sizes. "Encoded" operands are payload * scale value
+(exact in BF16); alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 maps encoded products back to real units.
+
+* ``decoded``: dequantize both operands to FP32 and matmul (what most FP4 emulators do).
+* ``encoded_fp32``: FP32 matmul of the encoded operands, then times alpha (the paper's torch control).
+* ``probe_matched``: the paper's model of native Blackwell NVFP4 GEMMs: K is cut into consecutive slices of
+  ``slice_width`` (64); each slice's dot product is the exact sum rounded once to FP32; slices are combined in K
+  order with FP32 additions rounded toward zero (``cross_slice_rounding="rtz"``) or to nearest; the encoded
+  accumulator is optionally snapped to a 1/``final_grid`` lattice with ties to even; then times alpha.
+* ``mma_sim``: MMA-Sim's bit-accurate model of Blackwell block-scaled MMA (arXiv 2511.10909): per 64-wide
+  instruction, the four exactly scaled 16-block sums and the accumulator are aligned to the largest exponent,
+  each truncated toward zero at 35 fractional bits below it, summed, and rounded once toward zero to FP32.
+
+Exactness. Slice sums are computed with an FP64 matmul when every partial sum is provably exact in FP64 (the
+exponent span of the slice's products plus log2 of the slice width fits in 53 bits, checked per row of A and
+column of B); the remaining rows and columns are recomputed from integer 16-block sums with error-free
+transformations (TwoSum) and round-to-odd before the final FP32 rounding, which is exact whenever all
+products of the slice lie within 106 bits of each other. That covers every UE5M3 and NVFP4 operand; MXFP4
+operands whose block scales differ by more than about 2^40 inside one slice are the documented exception.
+tests/test_gemm.py checks every model against a scalar reference in exact rational arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+import torch
+
+from ue5m3.numerics.backend import Backend
+from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap, twosum_chain_to_fp32
+from ue5m3.numerics.formats import Rounding
+from ue5m3.numerics.kernels import cpu as cpu_kernel
+from ue5m3.numerics.quantize import QuantizedTensor, ScaleRule
+
+__all__ = [
+    "OutputModel",
+    "alpha",
+    "matmul",
+    "fused_step",
+    "DEFAULT_TILE_ELEMENTS",
+]
+
+# Intermediate elements per chunk (FP64 slice sums or block partials): bounds memory to about 128 MB each.
+DEFAULT_TILE_ELEMENTS = 1 << 24
+
+
+class OutputModel(StrEnum):
+    """The GEMM output models (one spelling each)."""
+
+    DECODED = "decoded"
+    ENCODED_FP32 = "encoded_fp32"
+    PROBE_MATCHED = "probe_matched"
+    MMA_SIM = "mma_sim"
+
+
+# ----- operands -----------------------------------------------------------------------------------------
+
+
+def _operand_factor(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(g, T*F) of one operand, or (1, None) for schemes without a tensor scale or with g == 0."""
+    scheme = q.scheme
+    if scheme.scale_rule not in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2) or float(q.tensor_amax) == 0:
+        return torch.ones((), dtype=torch.float32), None
+    target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite
+    return q.tensor_amax.to(torch.float32), target_f
+
+
+def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor) -> torch.Tensor:
+    """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one)."""
+    g_a, d_a = _operand_factor(a_q)
+    g_b, d_b = _operand_factor(b_q)
+    numerator = g_a * g_b
+    denominator = (d_a if d_a is not None else torch.ones((), dtype=torch.float32)) * (
+        d_b if d_b is not None else torch.ones((), dtype=torch.float32)
+    )
+    return numerator / denominator
+
+
+def _check_operands(a_q: QuantizedTensor, b_q: QuantizedTensor) -> tuple[int, int, int, int]:
+    if len(a_q.shape) != 2 or len(b_q.shape) != 2:
+        raise ValueError(f"matmul needs 2-D operands, got A {tuple(a_q.shape)} and B {tuple(b_q.shape)}")
+    (m, k), (k_b, n) = a_q.shape, b_q.shape
+    if k != k_b:
+        raise ValueError(f"inner dimensions differ: A is {tuple(a_q.shape)}, B is {tuple(b_q.shape)}")
+    if a_q.layout.two_d or a_q.layout.axis != 1:
+        raise ValueError("A must be quantized in 1D blocks along K (axis=-1)")
+    if not b_q.layout.two_d and b_q.layout.axis != 0:
+        raise ValueError("B must be quantized along K (axis=0) or in 2D tiles")
+    block = a_q.scheme.block_size
+    if b_q.scheme.block_size != block:
+        raise ValueError(f"block sizes differ: A {block}, B {b_q.scheme.block_size}")
+    return m, k, n, block
+
+
+def _blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2 * payload) as exact integers in FP32 and per-element scale values, both laid out [rows, K] for A
+    or [K, cols] for B; 2D-tiled B is expanded to per-element scales, which covers it too."""
+    twice_payload = q.payload * 2  # integers in [-12, 12]
+    scale = q.scales
+    if q.layout.two_d:
+        scale = scale.repeat_interleave(block, 0).repeat_interleave(block, 1)
+    elif operand == "A":
+        scale = scale.repeat_interleave(block, 1)
+    else:
+        scale = scale.repeat_interleave(block, 0)
+    return twice_payload, scale
+
+
+def _span_bits(
+    twice_payload: torch.Tensor, scale: torch.Tensor, mantissa_bits: int, block: int, width: int, dim: int
+) -> torch.Tensor:
+    """Per slice and row (A, dim=1) or column (B, dim=0): an upper bound on the bit positions the slice's encoded
+    values span, from the leading bit of the largest to the lowest bit of the finest (encoded = payload * scale,
+    payload quantum 1/2, scale quantum 2^(exponent - mantissa_bits)); blocks of zeros do not count. Computed per
+    block (the scale is constant inside one), so it costs a sixteenth of an elementwise pass."""
+    if dim == 0:  # B [K, N] -> the A-like layout [N, K]
+        twice_payload, scale = twice_payload.t(), scale.t()
+    rows, k = twice_payload.shape
+    # [rows, K] -> [rows, K/block, block] -> per-block max |payload| and the block's scale
+    peak = twice_payload.reshape(rows, k // block, block).abs().amax(-1).to(torch.float64) * 0.5
+    block_scale = scale.reshape(rows, k // block, block)[..., 0].to(torch.float64)
+    _, lead = torch.frexp(peak * block_scale)  # |v| < 2^lead
+    _, exp_scale = torch.frexp(block_scale)
+    nonzero = peak > 0
+    lead = torch.where(nonzero, lead, torch.full_like(lead, -(1 << 20)))
+    lowest = torch.where(nonzero, exp_scale - 1 - mantissa_bits - 1, torch.full_like(exp_scale, 1 << 20))
+    per_slice = width // block
+    # [rows, K/block] -> [rows, slices, blocks per slice]
+    hi = lead.reshape(rows, -1, per_slice).amax(-1)
+    lo = lowest.reshape(rows, -1, per_slice).amin(-1)
+    span = torch.clamp(hi - lo, min=0)  # all-zero slices span nothing
+    return span if dim == 1 else span.t()  # [rows, slices] for A, [slices, N] for B
+
+
+def _encoded_fp64(twice_payload: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Exact encoded values payload * scale in FP64, formed in FP32 unless a scale is huge: (2p) * s * 0.5 has at
+    most 8 significant bits and, for scales >= 2^-127, is a multiple of 2^-149, so only overflow can be inexact."""
+    if float(scale.max()) <= 2.0**100:
+        return (twice_payload * scale * 0.5).to(torch.float64)
+    return twice_payload.to(torch.float64) * scale.to(torch.float64) * 0.5
+
+
+def _block_partials(a2: torch.Tensor, sa: torch.Tensor, b2: torch.Tensor, sb: torch.Tensor, block: int) -> torch.Tensor:
+    """Exact FP64 16-block dot products with both scales applied: [K/block, rows, cols]."""
+    m, k = a2.shape
+    n = b2.shape[1]
+    nb = k // block
+    # integer block sums in FP32 are exact: |sum| <= 32 * 144
+    a_blocks = a2.reshape(m, nb, block).permute(1, 0, 2)  # [nb, M, block]
+    b_blocks = b2.reshape(nb, block, n)  # [nb, block, N]
+    sums = torch.bmm(a_blocks, b_blocks).to(torch.float64)  # [nb, M, N]
+    scale_a = sa.reshape(m, nb, block)[:, :, 0].T.to(torch.float64)  # [nb, M]
+    scale_b = sb.reshape(nb, block, n)[:, 0, :].to(torch.float64)  # [nb, N]
+    return sums * scale_a[:, :, None] * scale_b[:, None, :] * 0.25  # exact: <= 13 + 8 bits
+
+
+def _take(
+    ops: dict[str, torch.Tensor], rows: torch.Tensor | None, cols: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """The operands restricted to some output rows (A side) and/or columns (B side)."""
+    out = dict(ops)
+    if rows is not None:
+        out.update({key: ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a")})
+    if cols is not None:
+        out.update({key: ops[key][:, cols] for key in ("b2", "sb", "enc_b", "span_b")})
+    return out
+
+
+def _probe_matched_rows(
+    ops: dict[str, torch.Tensor], block: int, width: int, rounding: Rounding, final_grid: int | None
+) -> torch.Tensor:
+    """probe_matched through torch ops for (a subset of) the outputs, exact for any exponent spans."""
+    a2, sa, enc_a, span_a = (ops[key] for key in ("a2", "sa", "enc_a", "span_a"))
+    b2, sb, enc_b, span_b = (ops[key] for key in ("b2", "sb", "enc_b", "span_b"))
+    m, k = enc_a.shape
+    n, slices = enc_b.shape[1], k // width
+    # [M, K] -> [S, M, width] @ [S, width, N] -> [S, M, N]: exact FP64 slice sums wherever the spans allow
+    partials = torch.bmm(enc_a.reshape(m, slices, width).transpose(0, 1), enc_b.reshape(slices, width, n))
+    guard = math.ceil(math.log2(width))
+    # FP64 is exact for a slice when span_A + span_B + guard <= 53; split that budget between rows and columns.
+    row_budget, col_budget = (53 - guard) // 2, 53 - guard - (53 - guard) // 2
+    bad_a, bad_b = span_a > row_budget, span_b > col_budget  # [M, S], [S, N]
+    for j in torch.nonzero(bad_a.any(0) | bad_b.any(1)).flatten().tolist():
+        cols = slice(j * width, (j + 1) * width)
+        bad_rows, bad_cols = torch.nonzero(bad_a[:, j]).flatten(), torch.nonzero(bad_b[j]).flatten()
+        if bad_rows.numel():  # recompute from exact 16-block sums with TwoSum and round-to-odd
+            parts = _block_partials(a2[bad_rows][:, cols], sa[bad_rows][:, cols], b2[cols], sb[cols], block)
+            partials[j, bad_rows] = twosum_chain_to_fp32(parts).to(torch.float64)
+        if bad_cols.numel():
+            parts = _block_partials(a2[:, cols], sa[:, cols], b2[cols][:, bad_cols], sb[cols][:, bad_cols], block)
+            partials[j][:, bad_cols] = twosum_chain_to_fp32(parts).to(torch.float64)
+    acc = torch.zeros(m, n, dtype=torch.float32, device=partials.device)
+    for partial in partials:
+        p32 = partial.to(torch.float32)  # the one RNE rounding of the exact slice sum
+        acc = add_rounded(acc, p32, rounding)
+    return snap(acc, final_grid)
+
+
+def fused_step(
+    terms: torch.Tensor, acc: torch.Tensor, *, bits: int, rounding: Rounding | str = Rounding.RTZ
+) -> torch.Tensor:
+    """One fused MMA step: the terms [n, ...] (FP64, exact) and the FP32 accumulator [...] are aligned to the
+    largest leading bit among them, each truncated toward zero ``bits`` below it, summed exactly and rounded once
+    to FP32 (RTZ, or RNE). MMA-Sim's Blackwell step is ``bits=35`` over four scaled 16-block sums.
+
+    Raises:
+        ValueError: the truncated terms could carry more than FP64's 53 bits in sum (bits + 1 + log2(n + 1)).
+    """
+    rounding = Rounding(rounding)
+    count = terms.shape[0] + 1
+    if bits < 0 or bits + 1 + math.ceil(math.log2(count)) > 53:
+        raise ValueError(f"a fused step of {count} terms truncated at {bits} bits is not exact in FP64")
+    everything = torch.cat([terms, acc.to(torch.float64)[None]])
+    _, exps = torch.frexp(everything)  # |t| < 2^exp
+    exps = torch.where(everything != 0, exps, torch.full_like(exps, -(1 << 20)))
+    quantum = torch.ldexp(torch.ones_like(everything[0]), (exps.amax(0) - 1 - bits).clamp(min=-1074))
+    # every truncated term is a multiple of the quantum below 2^(bits + 1) of them: the FP64 sum is exact
+    total = (torch.trunc(everything / quantum) * quantum).sum(0)
+    return rtz_fp64_to_fp32(total) if rounding is Rounding.RTZ else total.to(torch.float32)
+
+
+def _mma_sim_tile(a2, sa, b2, sb, block, width) -> torch.Tensor:
+    parts = _block_partials(a2, sa, b2, sb, block)  # [nb, M, N] exact FP64
+    per_instr = width // block
+    acc = torch.zeros(parts.shape[1:], dtype=torch.float32, device=parts.device)
+    for j in range(parts.shape[0] // per_instr):
+        acc = fused_step(parts[j * per_instr : (j + 1) * per_instr], acc, bits=35)
+    return acc
+
+
+def _use_kernel(backend: Backend, model: OutputModel, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the fused C kernel computes this probe_matched GEMM; ``cpu_kernel`` refuses what it cannot take."""
+    if backend is Backend.TORCH:
+        return False
+    reason = None
+    if a.device.type != "cpu" or b.device.type != "cpu":
+        reason = f"operands on {a.device.type}/{b.device.type}"
+    elif not cpu_kernel.available():
+        reason = "no C compiler to build the kernel"
+    if backend is Backend.CPU_KERNEL and reason is not None:
+        raise ValueError(
+            f"backend='cpu_kernel' cannot compute this {model.value} GEMM: {reason}; use 'torch' or 'auto'"
+        )
+    return reason is None
+
+
+def matmul(
+    a_q: QuantizedTensor,
+    b_q: QuantizedTensor,
+    model: OutputModel | str = OutputModel.PROBE_MATCHED,
+    *,
+    slice_width: int = 64,
+    cross_slice_rounding: Rounding | str = Rounding.RTZ,
+    final_grid: int | None = 1024,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+    backend: Backend | str = Backend.AUTO,
+) -> torch.Tensor:
+    """FP32 result of A @ B under one GEMM output model.
+
+    Args:
+        a_q: A [M, K], quantized along K (``axis=-1``).
+        b_q: B [K, N], quantized along K (``axis=0``) or in 2D tiles.
+        model: see :class:`OutputModel`.
+        slice_width: K-slice width of ``probe_matched`` (multiple of the block size) and ``mma_sim`` (64).
+        cross_slice_rounding: ``rtz`` or ``rne`` additions between slices (``probe_matched``).
+        final_grid: denominator of the encoded-accumulator lattice (``probe_matched``), or None for no snap.
+        tile_elements: intermediate elements per chunk (FP64 slice sums or block partials), bounding memory.
+        backend: who computes ``probe_matched`` (:class:`~ue5m3.numerics.backend.Backend`; the other models are
+            plain torch on every backend); results do not depend on it.
+
+    Returns:
+        FP32 tensor [M, N].
+    """
+    model = OutputModel(model)
+    backend = Backend(backend)
+    cross_slice_rounding = Rounding(cross_slice_rounding)
+    m, k, n, block = _check_operands(a_q, b_q)
+    if model is OutputModel.DECODED:
+        return torch.matmul(a_q.dequantize(), b_q.dequantize())
+    scale = alpha(a_q, b_q)
+    if model is OutputModel.ENCODED_FP32:
+        return torch.matmul(a_q.encoded(), b_q.encoded()) * scale
+    if cross_slice_rounding not in (Rounding.RTZ, Rounding.RNE):
+        raise ValueError(f"cross_slice_rounding must be 'rtz' or 'rne', got {cross_slice_rounding.value!r}")
+    if model is OutputModel.MMA_SIM and slice_width != 64:
+        raise ValueError(f"mma_sim models 64-wide instructions; slice_width must be 64, got {slice_width!r}")
+    if slice_width % block or k % slice_width:
+        raise ValueError(f"K={k} must be a multiple of slice_width={slice_width}, itself a multiple of {block}")
+    check_grid(final_grid, "final_grid")
+    a2, sa = _blocked_along_k(a_q, "A", block)
+    b2, sb = _blocked_along_k(b_q, "B", block)
+    out = torch.empty(m, n, dtype=torch.float32, device=a2.device)
+    if model is OutputModel.MMA_SIM:
+        rows_per_tile = max(1, tile_elements // max(n * (k // block), 1))
+        for r0 in range(0, m, rows_per_tile):
+            rows = slice(r0, min(m, r0 + rows_per_tile))
+            out[rows] = _mma_sim_tile(a2[rows], sa[rows], b2, sb, block, slice_width)
+        return out * scale
+    slices = k // slice_width
+    ops = {
+        "a2": a2,
+        "sa": sa,
+        "b2": b2,
+        "sb": sb,
+        "enc_a": _encoded_fp64(a2, sa),
+        "enc_b": _encoded_fp64(b2, sb),
+        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, block, slice_width, dim=1),
+        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, block, slice_width, dim=0),
+    }
+    guard = math.ceil(math.log2(slice_width))
+    row_budget = (53 - guard) // 2
+    bad_rows = torch.nonzero((ops["span_a"] > row_budget).any(1)).flatten()
+    bad_cols = torch.nonzero((ops["span_b"] > 53 - guard - row_budget).any(0)).flatten()
+    if _use_kernel(backend, model, a2, b2):
+        # Fused slice-wise GEMM (bit-identical to the path below where FP64 slice sums are exact); outputs
+        # touching an inexact slice are then recomputed through the exact path.
+        out = cpu_kernel.probe_gemm(
+            ops["enc_a"], ops["enc_b"], width=slice_width, rtz=cross_slice_rounding is Rounding.RTZ
+        )
+        out = snap(out, final_grid)
+        if bad_rows.numel():
+            out[bad_rows] = _probe_matched_rows(
+                _take(ops, bad_rows, None), block, slice_width, cross_slice_rounding, final_grid
+            )
+        if bad_cols.numel():
+            out[:, bad_cols] = _probe_matched_rows(
+                _take(ops, None, bad_cols), block, slice_width, cross_slice_rounding, final_grid
+            )
+        return out * scale
+    rows_per_tile = max(1, tile_elements // max(n * slices, 1))
+    for r0 in range(0, m, rows_per_tile):
+        rows = torch.arange(r0, min(m, r0 + rows_per_tile), device=a2.device)
+        out[rows] = _probe_matched_rows(_take(ops, rows, None), block, slice_width, cross_slice_rounding, final_grid)
+    return out * scale

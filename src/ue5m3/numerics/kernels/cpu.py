@@ -1,0 +1,180 @@
+"""Fused C kernels (E2M1 block quantization, the probe-matched GEMM), built on first use, loaded with ctypes.
+
+The torch path in :mod:`ue5m3.numerics.quantize` is the reference; this kernel does the same FP32 operations in the
+same order in one pass over memory (compiled with ``-fno-fast-math -ffp-contract=off``) and is checked bit for
+bit against the reference by ``tests/test_cpu_kernel.py``. It needs a C compiler (``cc``/``gcc``); without one
+:func:`available` is False and ``quantize(..., backend="cpu_kernel")`` raises, while ``backend="auto"`` uses the
+torch path, whose results are identical.
+
+The shared library is cached under ``$UE5M3_CACHE`` (default ``~/.cache/ue5m3``), keyed by a hash of the
+source and flags, and written atomically so concurrent first uses do not race.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+__all__ = ["available", "load", "quantize_blocks", "probe_gemm", "CompileError"]
+
+SOURCES = ("block_quantize.c", "accumulate.c")
+# -march=native: the library is built on the machine that runs it (the cache key includes the CPU); exactness
+# holds because FP contraction is off and fast-math is never on.
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off", "-std=c99"]
+_ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
+_ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
+_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2}
+
+
+class CompileError(RuntimeError):
+    """The kernel could not be compiled or loaded."""
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _cpu_identity() -> bytes:
+    """Model and feature flags of this CPU (a -march=native build is only valid on the same kind)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        import platform
+
+        info = platform.processor() + platform.machine()
+    return "\n".join(line for line in info.splitlines() if line.startswith(("model name", "flags"))).encode()
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("UE5M3_CACHE", Path.home() / ".cache" / "ue5m3"))
+
+
+@cache
+def load() -> ctypes.CDLL:
+    """Compile (once per source version) and load the kernel library.
+
+    Raises:
+        CompileError: no C compiler, or compilation failed (the compiler's message is included).
+    """
+    compiler = _compiler()
+    if compiler is None:
+        raise CompileError("no C compiler found (set CC or install gcc); use backend='torch'")
+    sources = {
+        name: resources.files("ue5m3.numerics.kernels").joinpath(f"csrc/{name}").read_bytes() for name in SOURCES
+    }
+    key = hashlib.sha256(b"".join(sources.values()) + " ".join(FLAGS).encode() + _cpu_identity()).hexdigest()[:16]
+    target = _cache_dir() / f"ue5m3_kernels-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            paths = []
+            for name, data in sources.items():
+                paths.append(Path(tmp) / name)
+                paths[-1].write_bytes(data)
+            out = Path(tmp) / "lib.so"
+            result = subprocess.run(
+                [compiler, *FLAGS, *map(str, paths), "-o", str(out)], capture_output=True, text=True
+            )
+            if result.returncode != 0:
+                raise CompileError(f"compiling {', '.join(SOURCES)} with {compiler} failed:\n{result.stderr}")
+            os.replace(out, target)
+    lib = ctypes.CDLL(str(target))
+    fn = lib.ue5m3_quantize_blocks
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p, p, p, p, p, p, p]
+    fn.restype = None
+    probe = lib.ue5m3_probe_gemm
+    probe.argtypes = [p, p, i64, i64, i64, i64, i32, p]
+    probe.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernel can be used here (compiles it on first call)."""
+    try:
+        load()
+    except CompileError:
+        return False
+    return True
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def quantize_blocks(
+    blocks: torch.Tensor,
+    *,
+    rule: str,
+    order: str,
+    global_scale: float,
+    global_decode_scale: float,
+    per_tensor: float,
+    scale_max: float,
+    scale_mantissa_bits: int,
+    scale_min_exponent: int,
+    scale_max_exponent: int,
+    zero_scale_repair: bool,
+    rounding: str,
+    random_bits: torch.Tensor | None,
+    want_dequantized: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Quantize contiguous FP32 blocks ``(n_blocks, L)``; returns the per-element and per-block outputs."""
+    if blocks.dtype != torch.float32 or blocks.device.type != "cpu" or blocks.ndim != 2:
+        raise ValueError("the CPU kernel takes a 2-D FP32 CPU tensor of blocks")
+    blocks = blocks.contiguous()
+    nblocks, length = blocks.shape
+    payload = torch.empty_like(blocks)
+    dequant = torch.empty_like(blocks) if want_dequantized else None
+    per_block = {k: torch.empty(nblocks, dtype=torch.float32) for k in ("block_amax", "scales", "decode")}
+    flags = torch.empty(nblocks, dtype=torch.uint8)
+    if random_bits is not None:
+        random_bits = random_bits.to(torch.int64).contiguous()
+    load().ue5m3_quantize_blocks(
+        blocks.data_ptr(),
+        nblocks,
+        length,
+        _RULE_IDS[rule],
+        _ORDER_IDS[order],
+        global_scale,
+        global_decode_scale,
+        per_tensor,
+        scale_max,
+        scale_mantissa_bits,
+        scale_min_exponent,
+        scale_max_exponent,
+        int(zero_scale_repair),
+        _ROUNDING_IDS[rounding],
+        _ptr(random_bits),
+        payload.data_ptr(),
+        _ptr(dequant),
+        per_block["block_amax"].data_ptr(),
+        per_block["scales"].data_ptr(),
+        per_block["decode"].data_ptr(),
+        flags.data_ptr(),
+    )
+    return {"payload": payload, "dequantized": dequant, "flags": flags, **per_block}
+
+
+def probe_gemm(enc_a: torch.Tensor, enc_b: torch.Tensor, *, width: int, rtz: bool) -> torch.Tensor:
+    """Slice-wise GEMM of FP64 encoded operands whose slice sums are exact in FP64 (caller-checked).
+
+    Returns the FP32 accumulator [M, N]: each slice sum rounded once to FP32, combined in K order.
+    """
+    if enc_a.dtype != torch.float64 or enc_b.dtype != torch.float64 or enc_a.shape[1] != enc_b.shape[0]:
+        raise ValueError("probe_gemm takes FP64 operands A [M, K] and B [K, N]")
+    enc_a, enc_b = enc_a.contiguous(), enc_b.contiguous()
+    (m, k), n = enc_a.shape, enc_b.shape[1]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if load().ue5m3_probe_gemm(enc_a.data_ptr(), enc_b.data_ptr(), m, n, k, width, int(rtz), out.data_ptr()):
+        raise MemoryError("probe_gemm could not allocate its packed copy of B")
+    return out

@@ -1,0 +1,145 @@
+"""The config of one training run: :class:`TrainConfig` and its optimizer section :class:`OptimConfig`.
+
+These are the contract between the pipeline and the trainer: `ue5m3 train-config` validates a run's settings
+with the strict loader (:func:`ue5m3.config.load`) and writes them as the YAML that `ue5m3 train --config` reads;
+evaluation reads the same record back from a run directory (:func:`read_run_config`). Defaults live here and only
+here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ue5m3 import config
+from ue5m3.layers.native_te import Execution
+from ue5m3.numerics.backend import Backend
+
+__all__ = ["OptimConfig", "TrainConfig", "read_run_config", "RESOLVED_CONFIG"]
+
+# The resolved config a run writes beside its checkpoints (read back by evaluation).
+RESOLVED_CONFIG = "config.resolved.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW and schedule (experiments spec section 1).
+
+    Attributes:
+        lr: peak learning rate.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        weight_decay: decoupled weight decay (not applied to biases, norms, A_log, D, dt_bias, embeddings' norms).
+        grad_clip: global gradient-norm clip.
+        warmup_steps: linear warmup steps (the paper: 0).
+        decay_fraction: final fraction of steps with linear decay.
+        final_lr_fraction: learning rate at the last step as a fraction of the peak.
+    """
+
+    lr: float = 8e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    decay_fraction: float = 0.15
+    final_lr_fraction: float = 0.01
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"optim.lr must be positive, got {self.lr!r}")
+        if not 0 <= self.decay_fraction <= 1 or not 0 < self.final_lr_fraction <= 1:
+            raise ValueError("optim.decay_fraction must lie in [0, 1] and optim.final_lr_fraction in (0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes:
+        run_dir: directory for checkpoints, metrics and the final record.
+        model: a name in :func:`ue5m3.models.names`.
+        model_overrides: config fields to override (e.g. ``vocab_size`` to match the tokenizer).
+        recipe: a named recipe or a path to a recipe YAML file.
+        recipe_overrides: recipe keys to replace (validated like a recipe file), e.g. ``name`` and
+            ``target_overrides`` for the T = 2048 control.
+        seed: seed of initialisation, data order and stochastic rounding.
+        steps: optimizer steps.
+        micro_batch: sequences per microbatch and rank.
+        accumulation: microbatches per optimizer step.
+        data: the data section (:class:`ue5m3.data.DataConfig`; its ``sequence_length`` is the run's).
+        optim: see :class:`OptimConfig`.
+        fp4_select: module-name patterns to convert (default: every eligible linear of the model).
+        log_every: steps between metric records.
+        checkpoint_every: steps between checkpoints (the final step always checkpoints).
+        keep_checkpoints: rolling checkpoints kept (those at multiples of ``keep_every`` stay too).
+        keep_every: checkpoints at multiples of this step are never pruned (0: none).
+        cold_scale_resume: on resume, drop the scale caches as the paper's runs did (default: exact resume).
+        execution: ``emulated`` (the recipe's GEMM output model, any device) or ``native_te`` (Transformer
+            Engine NVFP4 on Blackwell, for recipes with a native path; fails closed elsewhere). The native path
+            converts a materialised model and is not combined with FSDP2 here (one process per run).
+        backend: who computes the emulated quantizations and GEMMs (:class:`ue5m3.numerics.backend.Backend`);
+            every backend gives the same bits, so it changes speed, never results.
+    """
+
+    run_dir: str
+    model: str
+    recipe: str
+    seed: int
+    steps: int
+    micro_batch: int
+    accumulation: int
+    data: Mapping[str, Any]
+    model_overrides: Mapping[str, Any] = field(default_factory=dict)
+    recipe_overrides: Mapping[str, Any] = field(default_factory=dict)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fp4_select: tuple[str, ...] | None = None
+    log_every: int = 1
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    keep_every: int = 0
+    cold_scale_resume: bool = False
+    execution: Execution = Execution.EMULATED
+    backend: Backend = Backend.AUTO
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "execution", Execution(self.execution))
+        object.__setattr__(self, "backend", Backend(self.backend))
+        for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"train.{key} must be a positive int, got {value!r}")
+        if isinstance(self.optim, Mapping):
+            object.__setattr__(self, "optim", config.load(OptimConfig, self.optim, path="optim"))
+        if self.fp4_select is not None:
+            object.__setattr__(self, "fp4_select", tuple(self.fp4_select))
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<train config>") -> TrainConfig:
+        """The strict loader (:func:`ue5m3.config.load`); errors name ``source`` and the key path."""
+        return config.load(cls, data, source=source)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> TrainConfig:
+        return cls.from_dict(config.read_yaml(path), source=os.fspath(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return config.dump(self)
+
+
+def read_run_config(run_dir: str | os.PathLike[str]) -> TrainConfig:
+    """The :class:`TrainConfig` a run recorded in its ``config.resolved.json``.
+
+    Raises:
+        FileNotFoundError: the directory holds no resolved config (not a training run, or never started).
+    """
+    path = Path(run_dir) / RESOLVED_CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: {run_dir} is not a training run directory")
+    return TrainConfig.from_dict(json.loads(path.read_text()), source=str(path))

@@ -1,0 +1,410 @@
+"""Pretraining under any recipe, resumable bit for bit, on one process or many (FSDP2).
+
+Launch (the Snakemake rules call the first form; SLURM jobs the last):
+
+    ue5m3 train --config results/train/<run>/config.yaml
+    torchrun --nproc-per-node 2 -m ue5m3 train --config ...                     # FSDP2, gloo on CPU
+    srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=4 --rdzv-backend c10d -m ue5m3 train --config ...
+
+The build order is fixed (:func:`build_model`): build on the meta device, convert the selected linears to FP4,
+``fully_shard`` each block then the root, materialise and load the deterministic initial weights, create the
+optimizer. One optimizer step opens one scale step (so all microbatches of a step share the first microbatch's
+references), runs the microbatches, clips the global gradient norm and steps AdamW with the paper's schedule
+(constant, then linear decay over the final 15% to 1% of peak).
+
+A checkpoint holds the model, optimizer, step, data cursor, every RNG state and the scale caches, so stopping at
+any step and resuming reproduces the uninterrupted run exactly; ``cold_scale_resume`` instead drops the caches
+like the paper's own runs did. Metrics go to ``metrics.jsonl`` (loss, pre-clip gradient norm, learning rate,
+tokens/s, block-scale diagnostics) and the run ends with ``final.json`` (provenance and checkpoint hash).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from ue5m3 import models
+from ue5m3.artifacts import atomic_path, provenance, write_json
+from ue5m3.layers import native_te, recipes
+from ue5m3.layers.linear import convert, find_quant_stats, find_scale_state
+from ue5m3.layers.native_te import Execution
+from ue5m3.training import checkpoint
+from ue5m3.training.config import RESOLVED_CONFIG, OptimConfig, TrainConfig
+
+__all__ = ["lr_at", "param_groups", "build_model", "train", "main"]
+
+
+# ----- schedule and optimizer ---------------------------------------------------------------------------
+
+
+def lr_at(step: int, steps: int, optim: OptimConfig) -> float:
+    """Learning rate of optimizer step ``step`` (1-based): warmup, constant, linear decay to the final fraction."""
+    if step <= optim.warmup_steps:
+        return optim.lr * step / optim.warmup_steps
+    decay_steps = round(optim.decay_fraction * steps)
+    decay_start = steps - decay_steps
+    if decay_steps == 0 or step <= decay_start:
+        return optim.lr
+    progress = (step - decay_start) / decay_steps
+    return optim.lr * (1 - (1 - optim.final_lr_fraction) * progress)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices; never the parameters :func:`ue5m3.models.no_weight_decay` names (biases,
+    norms, Mamba's A_log, D, dt_bias: every parameter of fewer than two dimensions)."""
+    excluded = set(models.no_weight_decay(model))
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if name in excluded else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# ----- build --------------------------------------------------------------------------------------------
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def log0(message: str) -> None:
+    """Print on rank 0 only."""
+    if _world()[0] == 0:
+        tqdm.write(message)
+
+
+def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The deterministic initial weights of a run: a full model initialised on the CPU from the seed."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    return models.build(cfg.model, device="cpu", generator=generator, **cfg.model_overrides).state_dict()
+
+
+def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) -> tuple[nn.Module, tuple]:
+    """Meta build -> FP4 conversion -> fully_shard per block and root -> materialise and load init weights."""
+    model = models.build(cfg.model, device="meta", **cfg.model_overrides)
+    select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
+    if cfg.execution is Execution.NATIVE_TE:
+        native_te.require_native()  # fails closed off Blackwell before anything is built
+        if _world()[1] > 1:
+            raise NotImplementedError(
+                "execution 'native_te' runs in one process; FSDP2 sharding of te.Linear is not wired"
+            )
+        model.to_empty(device=device)
+        model.load_state_dict(initial_state(cfg))
+        return model, native_te.convert_native(model, recipe, select=list(select))
+    records = convert(model, recipe, select=select, backend=cfg.backend)
+    _, world = _world()
+    if world > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in models.blocks(model):
+            fully_shard(block)
+        fully_shard(model)
+    model.to_empty(device=device)
+    full = initial_state(cfg)
+    if world > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(full)
+    return model, records
+
+
+# ----- steps --------------------------------------------------------------------------------------------
+
+
+class BatchStream(Protocol):
+    sequence_length: int
+
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def loss_fn(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy in FP32 (BF16 autocast around the body on GPUs; FP32 on the CPU)."""
+    device = next(model.parameters()).device
+    inputs, targets = inputs.to(device), targets.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(inputs)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _grad_norm(model: nn.Module, clip: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=False)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def train_step(
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    stream: BatchStream,
+    cfg: TrainConfig,
+    recipe: recipes.Recipe | None = None,
+) -> dict[str, float]:
+    """One optimizer step: open the scale step, accumulate microbatches, clip, AdamW."""
+    state = find_scale_state(model)
+    if state is not None:
+        state.begin_step(step)  # once per optimizer step: every microbatch uses the first one's references
+    lr = lr_at(step, cfg.steps, cfg.optim)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    total = 0.0
+    for _ in range(cfg.accumulation):
+        inputs, targets = stream.next_batch(cfg.micro_batch)
+        if cfg.execution is Execution.NATIVE_TE:
+            with native_te.autocast(recipe):
+                loss = loss_fn(model, inputs, targets)
+        else:
+            loss = loss_fn(model, inputs, targets)
+        (loss / cfg.accumulation).backward()
+        total += float(loss.detach()) / cfg.accumulation
+    if _world()[1] > 1:
+        mean = torch.tensor(total, dtype=torch.float64)
+        dist.all_reduce(mean)
+        total = float(mean) / _world()[1]
+    grad_norm = _grad_norm(model, cfg.optim.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"step": step, "loss": total, "grad_norm": grad_norm, "lr": lr}
+
+
+# ----- checkpoints --------------------------------------------------------------------------------------
+
+
+def _rng_state() -> dict[str, Any]:
+    """Every RNG state, as tensors and plain Python values (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    if _world()[1] == 1:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, stream: BatchStream, counters: dict) -> Path:
+    """Every rank takes part (full state dicts are gathered); rank 0 writes."""
+    model_sd, optim_sd = _model_and_optim_state(model, optimizer)
+    rank, world = _world()
+    rngs = [None] * world
+    streams = [None] * world
+    if world > 1:
+        dist.all_gather_object(rngs, _rng_state())
+        dist.all_gather_object(streams, stream.state_dict())
+    else:
+        rngs, streams = [_rng_state()], [stream.state_dict()]
+    state = find_scale_state(model)
+    trainer = {
+        "step": step,
+        "rng": rngs,
+        "data": streams,
+        "counters": dict(counters),
+        "scale": state.state_dict() if state is not None else None,
+    }
+    path = run_dir / "checkpoints" / f"step-{step:08d}"
+    if rank == 0:
+        path = checkpoint.save(
+            run_dir / "checkpoints",
+            step,
+            {"model": model_sd, "optimizer": optim_sd, "trainer": trainer},
+            meta={"world_size": world},
+        )
+    if world > 1:
+        dist.barrier()
+    return path
+
+
+def resume(run_dir: Path, model, optimizer, stream: BatchStream, cfg: TrainConfig) -> tuple[int, dict]:
+    """Restore the newest checkpoint (verified; a corrupted one is refused). Returns (step, counters)."""
+    latest = checkpoint.latest(run_dir / "checkpoints")
+    if latest is None:
+        return 0, {"loss_above_3": 0, "grad_norm_above_1": 0}
+    parts, manifest = checkpoint.load(latest)
+    rank, world = _world()
+    if manifest["meta"]["world_size"] != world:
+        raise checkpoint.CheckpointError(f"{latest} was written by {manifest['meta']['world_size']} ranks, not {world}")
+    if world > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=parts["model"],
+            optim_state_dict=parts["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
+    else:
+        model.load_state_dict(parts["model"])
+        optimizer.load_state_dict(parts["optimizer"])
+    trainer = parts["trainer"]
+    state = find_scale_state(model)
+    if state is not None and trainer["scale"] is not None:
+        state.load_state_dict(trainer["scale"], cold=cfg.cold_scale_resume)
+    stream.load_state_dict(trainer["data"][rank])
+    _set_rng_state(trainer["rng"][rank])
+    log0(f"resumed from {latest} (step {trainer['step']})")
+    return trainer["step"], dict(trainer["counters"])
+
+
+# ----- the run ------------------------------------------------------------------------------------------
+
+
+def _append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after ``step`` (written after the checkpoint a resume starts from)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in kept))
+
+
+def _steps(start: int, stop: int, rank: int) -> Iterator[int]:
+    yield from tqdm(range(start + 1, stop + 1), initial=start, total=stop, disable=rank != 0, desc="train", unit="step")
+
+
+def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: int | None = None) -> Path | None:
+    """Run (or resume) training; returns the final record's path, or None when stopped early by ``stop_after``."""
+    rank, world = _world()
+    run_dir = Path(cfg.run_dir)
+    torch.manual_seed(cfg.seed + rank)  # stochastic rounding stream per rank; init weights come from cfg.seed
+    random.seed(cfg.seed + rank)
+    np.random.seed(cfg.seed + rank)
+    recipe = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    model, records = build_model(cfg, recipe, device)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.optim.weight_decay),
+        lr=cfg.optim.lr,
+        betas=cfg.optim.betas,
+        eps=cfg.optim.eps,
+        foreach=False,
+    )
+    if stream is None:
+        stream = open_training_stream(cfg, rank, world)
+    start, counters = resume(run_dir, model, optimizer, stream, cfg)
+    metrics = run_dir / "metrics.jsonl"
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / RESOLVED_CONFIG, cfg.to_dict())
+        write_json(run_dir / "conversion.json", [dataclasses.asdict(r) for r in records])
+        _truncate_metrics(metrics, start)
+    stats = find_quant_stats(model)
+    tokens_per_step = cfg.micro_batch * cfg.accumulation * world * int(stream.sequence_length)
+    last = start
+    for step in _steps(start, cfg.steps, rank):
+        began = time.perf_counter()
+        record = train_step(step, model, optimizer, stream, cfg, recipe)
+        record["tokens_per_s"] = tokens_per_step / (time.perf_counter() - began)
+        counters["loss_above_3"] += int(record["loss"] > 3)
+        counters["grad_norm_above_1"] += int(record["grad_norm"] > 1)
+        if stats is not None:
+            record.update(stats.pop())
+        if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
+            _append_jsonl(metrics, record)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            save_checkpoint(run_dir, step, model, optimizer, stream, counters)
+            if rank == 0:
+                protect = tuple(range(cfg.keep_every, cfg.steps + 1, cfg.keep_every)) if cfg.keep_every else ()
+                checkpoint.prune(run_dir / "checkpoints", cfg.keep_checkpoints, protect=protect)
+        last = step
+        if stop_after is not None and step >= stop_after:
+            return None
+    return _finish(run_dir, cfg, recipe, counters, last) if rank == 0 else None
+
+
+def open_training_stream(cfg: TrainConfig, rank: int, world: int) -> BatchStream:
+    """This rank's training loader over the prepared token shards; the tokenizer must match the model."""
+    from ue5m3 import data
+
+    data_cfg = data.DataConfig.from_dict(dict(cfg.data))
+    vocab = models.config(cfg.model, **cfg.model_overrides).vocab_size
+    if vocab != data_cfg.vocab_size:
+        raise ValueError(
+            f"model {cfg.model!r} has vocab_size {vocab} but data.vocab_size is {data_cfg.vocab_size}; "
+            "set model_overrides.vocab_size to the tokenizer's size"
+        )
+    return data.open_data(data_cfg, rank=rank, world_size=world).train
+
+
+def _finish(run_dir: Path, cfg: TrainConfig, recipe: recipes.Recipe, counters: dict, step: int) -> Path:
+    final_ckpt = checkpoint.latest(run_dir / "checkpoints")
+    manifest = checkpoint.verify(final_ckpt)
+    record = provenance(
+        "train",
+        cfg.to_dict(),
+        recipe=recipe.name,
+        seed=cfg.seed,
+        step=step,
+        counters=counters,
+        checkpoint=str(final_ckpt),
+        checkpoint_sha256=manifest["files"]["model.pt"]["sha256"],
+        execution=native_te.execution_path(recipe, cfg.execution, cfg.backend),
+    )
+    write_json(run_dir / "final.json", record)
+    return run_dir / "final.json"
+
+
+def main(config_path: str, threads: int | None = None) -> int:
+    """Entry point of ``ue5m3 train``: initialises torch.distributed under torchrun (gloo on CPU)."""
+    cfg = TrainConfig.from_yaml(config_path)
+    if threads:
+        torch.set_num_threads(threads)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        train(cfg)
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+    return 0
