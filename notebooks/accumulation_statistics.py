@@ -29,9 +29,8 @@ import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
-from ue5m3.plotting import OURS_COLOR, apply_style, format_number, paper_vs_ours, repo_path, save_figure
-
-apply_style()
+from ue5m3.experiments import comparisons
+from ue5m3.plotting import OURS_COLOR, format_number, notebook_setup, paper_vs_ours, save_figure
 
 # %% tags=["parameters"]
 rtz_bias_csv = "results/accumulation/rtz_bias.csv"
@@ -57,34 +56,24 @@ variant_styles = {
 }
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    rtz_bias_csv, cancellation_csv, grid_sweep_csv = smk.input.rtz_bias, smk.input.cancellation, smk.input.grid_sweep
-    rtz_bias_pdf, cancellation_pdf, grid_sweep_pdf = smk.output.rtz_bias, smk.output.cancellation, smk.output.grid_sweep
-    comparison_csv = smk.output.comparison
-else:  # by hand: the defaults are relative to the repository root
-    rtz_bias_csv, cancellation_csv, grid_sweep_csv = map(repo_path, (rtz_bias_csv, cancellation_csv, grid_sweep_csv))
-    rtz_bias_pdf, cancellation_pdf, grid_sweep_pdf, comparison_csv = map(
-        repo_path, (rtz_bias_pdf, cancellation_pdf, grid_sweep_pdf, comparison_csv)
-    )
-
+notebook_setup(
+    globals(),
+    rtz_bias_csv="input.rtz_bias",
+    cancellation_csv="input.cancellation",
+    grid_sweep_csv="input.grid_sweep",
+    rtz_bias_pdf="output.rtz_bias",
+    cancellation_pdf="output.cancellation",
+    grid_sweep_pdf="output.grid_sweep",
+    comparison_csv="output.comparison",
+)
 bias = pd.read_csv(rtz_bias_csv)
 cancel = pd.read_csv(cancellation_csv)
 sweep = pd.read_csv(grid_sweep_csv)
 paper = reference.load("accumulation_statistics")
 paper_bias = paper[paper["table"].str.startswith("rtz_bias")]
 paper_sweep = paper[paper["table"].str.startswith("grid_sweep")]
-
 # Our numbers beside the paper's: the paper's bias table is RTZ accumulation of BF16 operands.
-ours = pd.concat(
-    [
-        bias[(bias["operands"] == "bf16") & (bias["variant"] == "rtz")].rename(
-            columns={"distribution": "distribution_or_grid", "value_ppm": "ours"}
-        ),
-        sweep.rename(columns={"grid": "distribution_or_grid", "value": "ours"}),
-    ]
-)[["distribution_or_grid", "metric", "ours"]]
-comparison = paper.rename(columns={"value": "paper"}).merge(ours, on=["distribution_or_grid", "metric"], how="left")
+comparison = comparisons.accumulation_vs_paper(bias, sweep, paper)
 write_csv(comparison_csv, comparison.to_dict("records"), list(comparison.columns))
 
 # %%

@@ -25,13 +25,11 @@ import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, apply_style, save_figure
-
-apply_style()
+from ue5m3.experiments import comparisons
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 downstream_jsons: list = []  # filled by Snakemake (results/eval/downstream/<recipe>/seed<s>/step<n>/<policy>.json)
@@ -39,22 +37,9 @@ figure_pdf = "figures/downstream.pdf"
 table_csv = "figures/downstream_vs_paper.csv"
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    downstream_jsons, figure_pdf, table_csv = list(smk.input), smk.output.figure, smk.output.table
-rows = []
-for path in downstream_jsons:
-    record, parts = json.loads(Path(path).read_text()), Path(path).parts
-    base = {"recipe": parts[-4], "seed": int(parts[-3].removeprefix("seed")), "policy": record["policy"]}
-    aggregates = record["aggregates"]
-    rows.append({**base, "benchmark": "core_9mcqa_olmes", "score": aggregates["core9_evaluated"]["macro"]})
-    rows.append({**base, "benchmark": "mmlu_olmes", "score": aggregates["mmlu"]["best"]})
-    rows.append({**base, "benchmark": "mmlu_pro_mc", "score": aggregates.get("mmlu_pro_mc")})  # absent at CPU scale
-ours = pd.DataFrame(rows).dropna(subset=["score"])
-ours["score"] *= 100
-ours = ours.groupby(["recipe", "benchmark"])["score"].agg(["mean", "min", "max", "count"]).reset_index()
-paper = reference.load("olmes_aggregates").rename(columns={"config": "recipe", "score_percent": "paper"})
-table = ours.merge(paper[["recipe", "benchmark", "paper"]], on=["recipe", "benchmark"], how="left")
+notebook_setup(globals(), downstream_jsons="input", figure_pdf="output.figure", table_csv="output.table")
+records = [(path, json.loads(Path(path).read_text())) for path in downstream_jsons]
+table = comparisons.downstream_vs_paper(records, reference.load("olmes_aggregates"))
 write_csv(table_csv, table.to_dict("records"), list(table.columns))
 
 # %%

@@ -31,37 +31,32 @@ import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, apply_style, save_figure
-
-apply_style()
+from ue5m3.experiments import comparisons
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 summary_jsons: list = []  # filled by Snakemake (results/identify/fits/<fit>/summary.json)
 table_csvs: list = []  # results/identify/fits/<fit>/tables.csv, same order
-parity_jsons: list = []  # results/identify/parity/{cpu,gpu}/<name>.json
+parity_jsons: list = []  # results/identify/parity/<name>.json
 figure_pdf = "figures/emulator_identification.pdf"
 table_csv = "figures/emulator_identification_vs_paper.csv"
 parity_csv = "figures/parity.csv"
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    summary_jsons, table_csvs, parity_jsons = list(smk.input.summaries), list(smk.input.tables), list(smk.input.parity)
-    figure_pdf, table_csv, parity_csv = smk.output.figure, smk.output.table, smk.output.parity
+notebook_setup(
+    globals(),
+    summary_jsons="input.summaries",
+    table_csvs="input.tables",
+    parity_jsons="input.parity",
+    figure_pdf="output.figure",
+    table_csv="output.table",
+    parity_csv="output.parity",
+)
 fits = {Path(path).parent.name: json.loads(Path(path).read_text()) for path in summary_jsons}
 ours = pd.concat([pd.read_csv(path).assign(fit=Path(path).parent.name) for path in table_csvs], ignore_index=True)
-paper = reference.load("emulator_identification").rename(columns={"passed": "paper_passed", "total": "paper_total"})
 # Our rows in the fitter's order, then the paper's rows we have no counterpart for.
-table = ours.merge(paper, on=["experiment", "variant"], how="left")
-keys = set(zip(ours["experiment"], ours["variant"], strict=True))
-extra = paper[[(e, v) not in keys for e, v in zip(paper["experiment"], paper["variant"], strict=True)]]
-table = pd.concat([table, extra], ignore_index=True)
-table = table.astype({c: "Int64" for c in ("passed", "total", "paper_passed", "paper_total")})  # counts, with gaps
-write_csv(
-    table_csv,
-    table.to_dict("records"),
-    ["fit", "experiment", "variant", "candidate", "passed", "total", "paper_passed", "paper_total"],
-)
+table = comparisons.emulator_identification_vs_paper(ours, reference.load("emulator_identification"))
+write_csv(table_csv, table.to_dict("records"), list(table.columns))
 for name, fit in fits.items():
     print(f"{name}: oracle {fit['oracle']}; identified {fit['identified']}; best {fit['best']}; cells {fit['cells']}")
 
@@ -113,36 +108,6 @@ save_figure(fig, figure_pdf)
 
 # %%
 # Parity of two GEMM backends over one forward/backward and N AdamW steps, per tensor group.
-rows = []
-for path in parity_jsons:
-    report = json.loads(Path(path).read_text())["report"]
-    for group, c in report["groups"].items():
-        rows.append(
-            {
-                "comparison": Path(path).stem,
-                "backend_a": report["backends"]["a"],
-                "backend_b": report["backends"]["b"],
-                "group": group,
-                "elements": c["elements"],
-                "bitwise_equal": c["bitwise_equal_elements"],
-                "rel_l2": c["rel_l2"],
-                "max_abs_diff": c["max_abs_diff"],
-                "max_ulp": c["max_ulp"],
-            }
-        )
-parity = pd.DataFrame(
-    rows,
-    columns=[
-        "comparison",
-        "backend_a",
-        "backend_b",
-        "group",
-        "elements",
-        "bitwise_equal",
-        "rel_l2",
-        "max_abs_diff",
-        "max_ulp",
-    ],
-)
+parity = comparisons.parity_table([(path, json.loads(Path(path).read_text())) for path in parity_jsons])
 write_csv(parity_csv, parity.to_dict("records"), list(parity.columns))
 print(parity.to_string(index=False))

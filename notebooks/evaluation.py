@@ -19,15 +19,16 @@
 # %%
 # Validation NLL over checkpoints, percent against BF16, the inference-policy sensitivity and the checkpoint
 # scale-target snapshot, beside the paper's 8B numbers from `ue5m3.reference` (never typed in).
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
 from ue5m3.evaluation.nll import load_results
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, apply_style, save_figure
-
-apply_style()
+from ue5m3.experiments import comparisons
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 nll_jsons: list = []  # filled by Snakemake (results/eval/nll/<recipe>/seed<s>/step<n>/<policy>.json)
@@ -40,24 +41,22 @@ snapshot_pdf = "figures/scale_snapshot.pdf"
 table_csv = "figures/validation_vs_paper.csv"
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    nll_jsons, snapshot_counts = list(smk.input.nll), list(smk.input.snapshot_counts)
-    snapshot_histograms = list(smk.input.snapshot_histograms)
-    nll_pdf, vs_bf16_pdf, sensitivity_pdf = smk.output.nll, smk.output.vs_bf16, smk.output.sensitivity
-    snapshot_pdf, table_csv = smk.output.snapshot, smk.output.table
+notebook_setup(
+    globals(),
+    nll_jsons="input.nll",
+    snapshot_counts="input.snapshot_counts",
+    snapshot_histograms="input.snapshot_histograms",
+    nll_pdf="output.nll",
+    vs_bf16_pdf="output.vs_bf16",
+    sensitivity_pdf="output.sensitivity",
+    snapshot_pdf="output.snapshot",
+    table_csv="output.table",
+)
 results = load_results(nll_jsons)
-paper = reference.load("validation_nll").rename(columns={"config": "recipe"})
-# each recipe under its paper policy (the sensitivity runs add other policies at the last step only)
-main = results[
-    results["policy"] == results["recipe"].map(lambda r: results[results["recipe"] == r]["policy"].mode()[0])
-]
-ours = main.groupby(["recipe", "step"])["nll"].agg(["mean", "min", "max"]).reset_index()
-bf16_ours = ours[ours["recipe"] == "bf16"].set_index("step")["mean"]
-ours["percent_vs_bf16"] = 100 * (ours["step"].map(bf16_ours) - ours["mean"]) / ours["step"].map(bf16_ours)
-bf16_paper = paper[paper["recipe"] == "bf16"].set_index("step")["nll"]
-paper["percent_vs_bf16"] = 100 * (paper["step"].map(bf16_paper) - paper["nll"]) / paper["step"].map(bf16_paper)
-table = ours.merge(paper, on=["recipe", "step"], how="outer", suffixes=("_ours", "_paper"))
+reference_nll = reference.load("validation_nll")
+# ours: each recipe under its main policy (the sensitivity runs add other policies at the last step only)
+ours, paper = comparisons.validation_nll_tables(results, reference_nll)
+table = comparisons.validation_vs_paper(results, reference_nll)
 write_csv(table_csv, table.to_dict("records"), list(table.columns))
 colors = {recipe: f"C{i}" for i, recipe in enumerate(sorted(set(ours["recipe"]) | set(paper["recipe"])))}
 
@@ -101,8 +100,8 @@ ax.set_xticks(range(sensitivity["policy"].nunique()), sorted(sensitivity["policy
 ax.set(ylabel="validation NLL", title=f"Proposed B16, step {last}: inference policy (ours, per seed)")
 save_figure(fig, sensitivity_pdf)
 
-counts = pd.concat([pd.read_csv(p).assign(source=p.split("/")[-3]) for p in snapshot_counts])
-hists = pd.concat([pd.read_csv(p).assign(source=p.split("/")[-3]) for p in snapshot_histograms])
+counts = pd.concat([pd.read_csv(p).assign(source=Path(p).parts[-3]) for p in snapshot_counts])
+hists = pd.concat([pd.read_csv(p).assign(source=Path(p).parts[-3]) for p in snapshot_histograms])
 fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
 for (source, quantity), rows in hists.groupby(["source", "quantity"]):
     if quantity.startswith("raw_code"):

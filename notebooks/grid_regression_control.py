@@ -31,9 +31,8 @@ import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, apply_style, repo_path, save_figure
-
-apply_style()
+from ue5m3.experiments import comparisons
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 runs_csv = "results/identify/grid_control/runs.csv"
@@ -43,28 +42,19 @@ figure_pdf = "figures/grid_regression_control.pdf"
 table_csv = "figures/grid_regression_control_vs_paper.csv"
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    runs_csv, curves_csv, summary_json = smk.input.runs, smk.input.curves, smk.input.summary
-    figure_pdf, table_csv = smk.output.figure, smk.output.table
-else:  # by hand: the defaults are relative to the repository root
-    runs_csv, curves_csv, summary_json, figure_pdf, table_csv = map(
-        repo_path, (runs_csv, curves_csv, summary_json, figure_pdf, table_csv)
-    )
+notebook_setup(
+    globals(),
+    runs_csv="input.runs",
+    curves_csv="input.curves",
+    summary_json="input.summary",
+    figure_pdf="output.figure",
+    table_csv="output.table",
+)
 runs = pd.read_csv(runs_csv, dtype={"grid": str})
 curves = pd.read_csv(curves_csv, dtype={"grid": str})
 summary = json.loads(Path(summary_json).read_text())
 # Bit identity per arm: one distinct final-parameter hash per seed across all grids.
-quantized = runs[runs["rounding"] != "bf16"]
-identical = quantized.groupby(["rounding", "seed"])["params_sha256"].nunique().eq(1).groupby("rounding").all()
-ours = (
-    runs.groupby("rounding")["final_eval_mse"].mean().rename("ours").reset_index().rename(columns={"rounding": "arm"})
-)
-paper = reference.load("grid_regression_control")
-mse = paper[paper["metric"] == "mean_final_eval_mse"].rename(columns={"value": "paper"})[["arm", "paper"]]
-same = paper[paper["metric"] == "bit_identical_across_grids"].rename(columns={"value": "paper_bit_identical"})
-table = ours.merge(mse, on="arm", how="outer").merge(same[["arm", "paper_bit_identical"]], on="arm", how="left")
-table["ours_bit_identical"] = table["arm"].map(lambda arm: int(identical[arm]) if arm in identical else None)
+table = comparisons.grid_regression_control_vs_paper(runs, reference.load("grid_regression_control"))
 write_csv(table_csv, table.to_dict("records"), list(table.columns))
 print(table.to_string(index=False))
 print("bitwise identical across grids, per seed/rounding:", summary["bitwise_identical_across_grids"])

@@ -27,9 +27,7 @@
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ue5m3.plotting import FORMAT_COLORS, apply_style, format_number, repo_path, save_figure
-
-apply_style()
+from ue5m3.plotting import FORMAT_COLORS, format_number, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 formats_csv = "results/range_analysis/formats.csv"
@@ -42,18 +40,16 @@ worked_example_pdf = "figures/range_worked_example.pdf"
 codebook_formats = ["E4M3", "UE5M3"]
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    formats_csv, codebooks_csv = smk.input.formats, smk.input.codebooks
-    headroom_csv, worked_example_csv = smk.input.headroom, smk.input.worked_example
-    codebooks_pdf, headroom_pdf = smk.output.codebooks, smk.output.headroom
-    worked_example_pdf = smk.output.worked_example
-else:  # by hand: the defaults are relative to the repository root
-    formats_csv, codebooks_csv, headroom_csv, worked_example_csv = map(
-        repo_path, (formats_csv, codebooks_csv, headroom_csv, worked_example_csv)
-    )
-    codebooks_pdf, headroom_pdf, worked_example_pdf = map(repo_path, (codebooks_pdf, headroom_pdf, worked_example_pdf))
-
+notebook_setup(
+    globals(),
+    formats_csv="input.formats",
+    codebooks_csv="input.codebooks",
+    headroom_csv="input.headroom",
+    worked_example_csv="input.worked_example",
+    codebooks_pdf="output.codebooks",
+    headroom_pdf="output.headroom",
+    worked_example_pdf="output.worked_example",
+)
 # The library spells format names in lower case (`ue5m3`); the figures use the paper's spelling.
 formats = pd.read_csv(formats_csv)
 formats = formats.set_index(formats["name"].str.upper())

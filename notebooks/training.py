@@ -27,9 +27,8 @@ import pandas as pd
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, apply_style, repo_path, save_figure
-
-apply_style()
+from ue5m3.experiments import comparisons
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 curves_csv = "results/train/summary/main/curves.csv"
@@ -44,31 +43,25 @@ control_pdf = "figures/control_override.pdf"
 table_csv = "figures/training_vs_paper.csv"
 
 # %%
-if "snakemake" in globals():
-    smk = globals()["snakemake"]  # injected by Snakemake's notebook: directive
-    curves_csv, final_window_csv, by_recipe_csv = smk.input.curves, smk.input.final_window, smk.input.by_recipe
-    control_curves_csv, control_final_window_csv = smk.input.control_curves, smk.input.control_final_window
-    loss_pdf, final_window_pdf, stability_pdf = smk.output.loss, smk.output.final_window, smk.output.stability
-    control_pdf, table_csv = smk.output.control, smk.output.table
-else:  # by hand: the defaults are relative to the repository root
-    curves_csv, final_window_csv, by_recipe_csv, control_curves_csv, control_final_window_csv = map(
-        repo_path, (curves_csv, final_window_csv, by_recipe_csv, control_curves_csv, control_final_window_csv)
-    )
-    loss_pdf, final_window_pdf, stability_pdf, control_pdf, table_csv = map(
-        repo_path, (loss_pdf, final_window_pdf, stability_pdf, control_pdf, table_csv)
-    )
+notebook_setup(
+    globals(),
+    curves_csv="input.curves",
+    final_window_csv="input.final_window",
+    by_recipe_csv="input.by_recipe",
+    control_curves_csv="input.control_curves",
+    control_final_window_csv="input.control_final_window",
+    loss_pdf="output.loss",
+    final_window_pdf="output.final_window",
+    stability_pdf="output.stability",
+    control_pdf="output.control",
+    table_csv="output.table",
+)
 curves, windows, by_recipe = pd.read_csv(curves_csv), pd.read_csv(final_window_csv), pd.read_csv(by_recipe_csv)
 control_windows = pd.read_csv(control_final_window_csv)
-paper = reference.load("training_loss_final").rename(columns={"config": "recipe"})
+paper = reference.load("training_loss_final")
 paper_control = reference.load("control_350m_final_window")
-ours_gap = by_recipe.assign(
-    gap_to_bf16=by_recipe["final_window_mean_loss"]
-    - by_recipe.set_index("recipe").loc["bf16", "final_window_mean_loss"]
-)
-paper_gap = paper.assign(
-    gap_to_bf16=paper["final_window_mean_loss"] - paper.set_index("recipe").loc["bf16", "final_window_mean_loss"]
-)
-table = ours_gap.merge(paper_gap, on="recipe", how="outer", suffixes=("_ours", "_paper")).sort_values("recipe")
+ours_gap, paper_gap = comparisons.training_gaps(by_recipe, paper)
+table = comparisons.training_vs_paper(by_recipe, paper)
 write_csv(table_csv, table.to_dict("records"), list(table.columns))
 
 # %%
@@ -121,7 +114,7 @@ fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.5))
 counts = windows.groupby("recipe")[["losses_above_3", "grad_norms_above_1"]].sum()
 counts.plot.bar(ax=left, color=[OURS_COLOR, "C1"], fontsize=7)
 left.set(title="ours: logged events after the first twelfth", ylabel="count (all seeds)", xlabel="")
-paper.set_index("recipe")["endpoint_grad_norm"].plot.bar(
+paper_gap.set_index("recipe")["endpoint_grad_norm"].plot.bar(
     ax=right, color="white", edgecolor=PAPER_COLOR, hatch="//", fontsize=7
 )
 right.set(title="paper: endpoint gradient norm (8B)", xlabel="")

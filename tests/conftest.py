@@ -8,11 +8,16 @@ Everything here is derived from the spec's format table, never from :mod:`ue5m3.
   saturating at the max finite value;
 * :func:`rne_scalar` is the same rule for one value held as a :class:`fractions.Fraction` (used by the slow
   scalar quantizer references in ``test_quantize.py``).
+
+Fixtures: ``one_torch_thread`` (per test) and ``one_torch_thread_per_module``; ``byte_streams`` for the data
+pipeline tests (helpers in ``data_helpers.py``) and the small identification probe ``corpus`` (helpers in
+``identify_helpers.py``).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -228,10 +233,53 @@ def oracle_inputs(name: str, seed: int = 0, n_random: int = 3000) -> np.ndarray:
     return x.astype(np.float32)
 
 
+@contextlib.contextmanager
+def _torch_threads(count: int):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_torch_thread():
     """Run the test with one torch thread (bit-exact comparisons of CPU runs, as the pipeline runs jobs)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with _torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread_per_module():
+    """One torch thread for a whole module (tiny CPU models: extra intra-op threads only add synchronisation, and
+    thrash on a shared 2-core runner); use it as an autouse or ``usefixtures`` fixture of the module."""
+    with _torch_threads(1):
+        yield
+
+
+# ----- data pipeline and identification fixtures (imports are local: the numerics tests do not need them) -----
+
+
+@pytest.fixture(scope="session")
+def byte_streams(tmp_path_factory):
+    """Two token-shard streams of synthetic documents under the byte tokenizer: 37 documents in several shards of
+    at most 200 tokens (stream A) and 11 in one shard (stream B); shared by the shard and loader tests."""
+    from data_helpers import ByteTokenizer, synthetic_docs
+    from ue5m3.data import TokenShards, tokenize_to_shards
+
+    root = tmp_path_factory.mktemp("streams")
+    tokenizer = ByteTokenizer(root / "tokenizer.txt")
+    a = tokenize_to_shards(synthetic_docs("A", 37), tokenizer, root / "a", shard_tokens=200)
+    b = tokenize_to_shards(synthetic_docs("B", 11), tokenizer, root / "b")
+    return TokenShards(a.parent), TokenShards(b.parent)
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    """The small identification probe corpus (identify_helpers.SMALL), built once and shared by the
+    identification tests; tests/test_cli_identify.py overrides it with its own on-disk corpus."""
+    from identify_helpers import SMALL
+    from ue5m3.identify import make_corpus
+
+    return make_corpus(SMALL)

@@ -173,12 +173,12 @@ def test_cli_defaults_are_the_config_defaults_and_the_verb_runs(tmp_path, monkey
     assert cli.main(["accumulation-stats", "--out-dir", str(tmp_path)]) == 0
     assert seen == [AccumulationConfig()]
     monkeypatch.undo()
-    argv = ["accumulation-stats", "--dots", "4", "--k", "64", "--distributions", "laplace", "--operands", "bf16"]
-    argv += ["--regression-examples", "64", "--regression-features", "64", "--cancellation-trials", "8"]
-    assert cli.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    settings = {"dots": 4, "k": 64, "distributions": ["laplace"], "operands": ["bf16"]}
+    settings |= {"regression_examples": 64, "regression_features": 64, "cancellation_trials": 8}
+    assert cli.main(["accumulation-stats", "--config", json.dumps(settings), "--out-dir", str(tmp_path)]) == 0
     assert (tmp_path / "rtz_bias.csv").read_text().count("laplace") == 8
 
 
 def test_cli_reports_an_invalid_config_value(capsys):
-    assert cli.main(["accumulation-stats", "--grid", "1000", "--out-dir", "x"]) == 2
+    assert cli.main(["accumulation-stats", "--config", '{"grid": 1000}', "--out-dir", "x"]) == 2
     assert "accumulation.grid" in capsys.readouterr().err

@@ -33,11 +33,17 @@ def test_range_analysis_verb_writes_its_declared_outputs(tmp_path):
     ]
 
 
-def test_bad_number_is_an_argparse_error_naming_the_value(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["range-analysis", "--targets", "-5", "--out-dir", "x"])
-    assert exit_info.value.code == 2
-    assert "'-5'" in capsys.readouterr().err
+def test_bad_config_value_is_an_error_naming_the_key_and_the_value(capsys):
+    assert cli.main(["range-analysis", "--config", '{"targets": [-5]}', "--out-dir", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--config (inline JSON)" in err and "targets" in err and "-5" in err
+
+
+def test_stage_config_from_a_file_names_the_file_in_errors(tmp_path, capsys):
+    path = tmp_path / "range.yaml"
+    path.write_text("targets: [448]\ntargets: [2048]\n")
+    assert cli.main(["range-analysis", "--config", str(path), "--out-dir", str(tmp_path / "out")]) == 2
+    assert f"{path}: not valid YAML" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_python_dash_m_entry_point_runs():

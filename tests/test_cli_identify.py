@@ -16,7 +16,7 @@ SMALL = {"order_k": 256, "order_permutations": 16, "threshold_k": 512, "threshol
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.safetensors"
-    assert cli.main(["make-probes", "--config-json", json.dumps(SMALL), "--out", str(path)]) == 0
+    assert cli.main(["make-probes", "--config", json.dumps(SMALL), "--out", str(path)]) == 0
     return path
 
 
@@ -44,7 +44,7 @@ def test_hardware_oracle_fails_closed_with_exit_code_3(corpus, tmp_path, capsys)
 
 
 def test_bad_corpus_config_names_the_key(tmp_path, capsys):
-    code = cli.main(["make-probes", "--config-json", '{"broad_k": 100}', "--out", str(tmp_path / "c.safetensors")])
+    code = cli.main(["make-probes", "--config", '{"broad_k": 100}', "--out", str(tmp_path / "c.safetensors")])
     assert code == 2
     assert "broad_k" in capsys.readouterr().err
     assert not (tmp_path / "c.safetensors").exists()
@@ -73,7 +73,8 @@ def test_parity_verb_reports_bitwise_equality(tmp_path):
 
 
 def test_grid_control_verb_writes_its_tables(tmp_path):
-    args = ["grid-control", "--seeds", "41", "--grids", "none", "1024", "--roundings", "rne", "--steps", "3"]
+    settings = {"seeds": [41], "grids": [None, 1024], "roundings": ["rne"], "steps": 3}
+    args = ["grid-control", "--config", json.dumps(settings)]
     assert cli.main([*args, "--out-dir", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["bitwise_identical_across_grids"] == {"41/rne": True}

@@ -20,13 +20,7 @@ PATTERN_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 DEBUG = ("nemotron_h_debug", "dense_debug")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    # Tiny CPU models: extra intra-op threads only add synchronisation, and thrash on a shared 2-core runner.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 @pytest.fixture(scope="module")

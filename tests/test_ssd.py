@@ -15,13 +15,7 @@ from ue5m3.models.ssd import segment_sum, ssd_scan, ssd_sequential
 TOL = 1e-10
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    # Tiny CPU models: extra intra-op threads only add synchronisation, and thrash on a shared 2-core runner.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_per_module")
 
 
 def _inputs(b=2, t=37, h=4, p=3, g=2, n=5, seed=0, dtype=torch.float64):

@@ -158,8 +158,8 @@ def _convert(value: Any, tp: Any, source: str, path: str, complete: bool = False
                 return _convert(value, arg, source, path, complete)
             except ConfigError as exc:
                 errors.append(exc)
-        if len(errors) == 1:
-            raise errors[0]
+        if len(errors) == 1 and not isinstance(errors[0], ConfigTypeError):
+            raise errors[0]  # the right type, a wrong value: that alternative's own message
         raise _type_error(value, tp, source, path)
     if tp is type(None):
         if value is not None:

@@ -8,12 +8,17 @@ figure behind for Snakemake to mistake for a finished one.
 
 Later figures compare our runs with the paper's reported numbers; :data:`paper_vs_ours` fixes how each
 side is drawn (the paper in grey/black hollow markers, ours in colour) so every notebook agrees.
+
+Every notebook starts with :func:`notebook_setup`: it applies the style and binds the notebook's path
+parameters to the Snakemake rule's inputs and outputs, or resolves their defaults from the repository root
+when the notebook runs by hand.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +143,48 @@ def repo_path(path: str | os.PathLike[str]) -> Path:
         f"cannot resolve {str(path)!r}: no Snakefile in {str(cwd)!r} or above; run from inside the "
         "repository or pass an absolute path"
     )
+
+
+_SNAKEMAKE_SECTIONS = ("input", "output")
+
+
+def notebook_setup(namespace: MutableMapping[str, Any], **sources: str) -> None:
+    """Set up a figure notebook: apply the style and bind its path parameters.
+
+    Call it right after the parameters cell as ``notebook_setup(globals(), table_csv="output.table", ...)``.
+    Under Snakemake's ``notebook:`` directive (``namespace`` holds the injected ``snakemake`` object) each
+    named parameter is set from the rule: ``"input.curves"`` is ``snakemake.input.curves``, a bare
+    ``"input"`` the rule's whole input, and a parameter whose value is a list receives a list. Otherwise
+    (by hand, papermill, nbmake) each parameter keeps its value, resolved with :func:`repo_path` (every item
+    of a list), so the defaults work from the repository root and from ``notebooks/``.
+
+    Args:
+        namespace: the notebook's globals; the named parameters are rebound in it.
+        **sources: parameter name -> ``"<section>"`` or ``"<section>.<name>"`` of the Snakemake object, the
+            section ``input`` or ``output`` (file paths only: by hand every bound value is resolved as one).
+
+    Raises:
+        KeyError: a named parameter is not defined in ``namespace`` (it belongs in the parameters cell).
+        ValueError: a source names another section.
+    """
+    apply_style()
+    for name, source in sources.items():
+        if name not in namespace:
+            raise KeyError(f"notebook parameter {name!r} is not defined; set its default in the parameters cell")
+        section, _, key = source.partition(".")
+        if section not in _SNAKEMAKE_SECTIONS:
+            raise ValueError(f"{name}={source!r}: the source must be one of {_SNAKEMAKE_SECTIONS}, optionally .name")
+    smk = namespace.get("snakemake")  # injected by Snakemake's notebook: directive
+    for name, source in sources.items():
+        default = namespace[name]
+        if smk is None:
+            namespace[name] = [repo_path(p) for p in default] if isinstance(default, list) else repo_path(default)
+            continue
+        section, _, key = source.partition(".")
+        value = getattr(smk, section)
+        if key:
+            value = getattr(value, key)
+        namespace[name] = list(value) if isinstance(default, list) else value
 
 
 def format_number(value: float) -> str:

@@ -12,28 +12,12 @@ rule accumulation_stats:
     log:
         log_path("accumulation", "accumulation_stats.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
-        seed=config["accumulation"]["seed"],
-        slice_width=config["accumulation"]["slice_width"],
-        grid=config["accumulation"]["grid"],
-        dots=config["accumulation"]["dots"],
-        k=config["accumulation"]["k"],
-        distributions=config["accumulation"]["distributions"],
-        operands=config["accumulation"]["operands"],
-        gain_rho=config["accumulation"]["gain_rho"],
-        regression_examples=config["accumulation"]["regression_examples"],
-        regression_features=config["accumulation"]["regression_features"],
-        cancellation_trials=config["accumulation"]["cancellation_trials"],
-        cancellation_partials=config["accumulation"]["cancellation_partials"],
-        cancellation_scales=config["accumulation"]["cancellation_scales"],
-        sigmas=config["accumulation"]["sigmas"],
-        sweep_sigma=config["accumulation"]["sweep_sigma"],
-        sweep_scale=config["accumulation"]["sweep_scale"],
-        sweep_grids=config["accumulation"]["sweep_grids"],
+        config=stage_config("accumulation"),
         out_dir=subpath(output.rtz_bias, parent=True),
     shell:
-        "ue5m3 accumulation-stats --seed {params.seed} --slice-width {params.slice_width} --grid {params.grid} --dots {params.dots} --k {params.k} --distributions {params.distributions} --operands {params.operands} --gain-rho {params.gain_rho} --regression-examples {params.regression_examples} --regression-features {params.regression_features} --cancellation-trials {params.cancellation_trials} --cancellation-partials {params.cancellation_partials} --cancellation-scales {params.cancellation_scales} --sigmas {params.sigmas} --sweep-sigma {params.sweep_sigma} --sweep-scale {params.sweep_scale} --sweep-grids {params.sweep_grids} --out-dir {params.out_dir} > {log} 2>&1"
+        "ue5m3 accumulation-stats --config {params.config:q} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule accumulation_figures:
@@ -50,6 +34,6 @@ rule accumulation_figures:
     log:
         notebook=log_path("notebooks", "accumulation_statistics.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/accumulation_statistics.ipynb"

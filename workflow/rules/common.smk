@@ -30,6 +30,17 @@ def log_path(*parts):
     return str(LOGS_DIR.joinpath(*parts))
 
 
+def stage_config(dpath):
+    """One config section (a dpath such as "identification/grid_control") as the JSON object its CLI verb
+    loads with the stage's strict loader (--config); defaults for omitted keys live in the stage's dataclass."""
+    return json.dumps(lookup(dpath=dpath, within=config), sort_keys=True)
+
+
+def env_file(name):
+    """A conda environment file of workflow/envs/ (absolute: rules choose it by a function of their wildcards)."""
+    return str(Path(workflow.basedir) / "workflow" / "envs" / f"{name}.yaml")
+
+
 def all_figures():
     """Every final figure: the inputs of `rule all`. Add each new figure rule here."""
     return [
@@ -75,9 +86,17 @@ def finals(run_dirs):
     return [str(Path(d) / "final.json") for d in run_dirs]
 
 
-def data_settings():
-    """The data section as the JSON object `ue5m3 prepare-data` validates."""
-    return json.dumps(config["data"], sort_keys=True)
+def summary_runs(wildcards):
+    """The run directories one training summary covers: the main runs or the T = 2048 control's."""
+    return main_run_dirs() if wildcards.group == "main" else control_run_dirs()
+
+
+def summary_finals(wildcards):
+    return finals(summary_runs(wildcards))
+
+
+def summary_table(group, table):
+    return result_path("train", "summary", group, f"{table}.csv")
 
 
 def _control_overrides(variant):
@@ -244,14 +263,18 @@ def fit_corpus(wildcards):
     return corpus_path(IDENT["fits"][wildcards.fit]["corpus"])
 
 
-def fit_labels(wildcards):
-    """Where a fit's oracle outputs are recorded: by the CPU rule or the GPU rule."""
-    name = "labels_gpu" if is_hardware(wildcards.fit) else "labels"
-    return result_path("identify", "fits", wildcards.fit, f"{name}.safetensors")
-
-
 def fit_partition(wildcards):
-    return IDENT["fits"][wildcards.fit].get("partition", "gpu")
+    """A hardware oracle records on its configured GPU partition; an emulator anywhere ("" = the default)."""
+    fit = IDENT["fits"][wildcards.fit]
+    return fit.get("partition", "gpu") if is_hardware(wildcards.fit) else ""
+
+
+def fit_gres(wildcards):
+    return "gpu:1" if is_hardware(wildcards.fit) else ""
+
+
+def fit_env(wildcards):
+    return env_file("cuda" if is_hardware(wildcards.fit) else "cpu")
 
 
 def candidate_args(wildcards):
@@ -284,9 +307,8 @@ def parity_is_native(name):
     return "native_te" in (entry["backend_a"], entry["backend_b"])
 
 
-def parity_report(name):
-    kind = "gpu" if parity_is_native(name) else "cpu"
-    return result_path("identify", "parity", kind, f"{name}.json")
+def parity_reports():
+    return [result_path("identify", "parity", f"{name}.json") for name in IDENT["parity"]]
 
 
 def parity_settings(wildcards):
@@ -316,14 +338,15 @@ def parity_value(key):
 
 
 def parity_partition(wildcards):
+    """A native_te parity run goes to its configured GPU partition; an emulated one anywhere."""
+    if not parity_is_native(wildcards.name):
+        return ""
     return IDENT["parity"][wildcards.name].get("partition", "gpu")
 
 
-def grid_control_args():
-    g = IDENT["grid_control"]
-    grids = " ".join("none" if v is None else str(v) for v in g["grids"])
-    seeds = " ".join(map(str, g["seeds"]))
-    roundings = " ".join(g["roundings"])
-    return (
-        f"--seeds {seeds} --grids {grids} --roundings {roundings} --steps {g['steps']}"
-    )
+def parity_gres(wildcards):
+    return "gpu:1" if parity_is_native(wildcards.name) else ""
+
+
+def parity_env(wildcards):
+    return env_file("cuda" if parity_is_native(wildcards.name) else "cpu")

@@ -18,7 +18,7 @@ rule evaluate_nll:
     log:
         log_path("eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     threads: 1
     params:
         run_dir=subpath(input[0], parent=True),
@@ -39,7 +39,7 @@ rule scale_snapshot:
     log:
         log_path("eval", "snapshot", "{recipe}", "seed{seed}.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
         run_dir=subpath(input[0], parent=True),
         out_dir=subpath(output.counts, parent=True),
@@ -61,7 +61,7 @@ rule evaluation_figures:
     log:
         notebook=log_path("notebooks", "evaluation.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/evaluation.ipynb"
 
@@ -81,7 +81,7 @@ rule evaluate_downstream:
             "{policy}.log",
         ),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     threads: 1
     params:
         run_dir=subpath(input[0], parent=True),
@@ -101,6 +101,6 @@ rule downstream_figures:
     log:
         notebook=log_path("notebooks", "downstream.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/downstream.ipynb"

@@ -17,12 +17,12 @@ rule identify_corpus:
     log:
         log_path("identify", "corpus_{corpus}.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
         settings=corpus_settings,
         witness=witness_args,
     shell:
-        "ue5m3 make-probes --config-json {params.settings:q} {params.witness} --out {output} > {log} 2>&1"
+        "ue5m3 make-probes --config {params.settings:q} {params.witness} --out {output} > {log} 2>&1"
 
 
 rule identify_record:
@@ -33,26 +33,10 @@ rule identify_record:
     log:
         log_path("identify", "record_{fit}.log"),
     conda:
-        "../../envs/cpu.yaml"
-    params:
-        oracle=fit_oracle,
-    shell:
-        "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
-
-
-rule identify_record_gpu:
-    input:
-        fit_corpus,
-    output:
-        result_path("identify", "fits", "{fit}", "labels_gpu.safetensors"),
-    log:
-        log_path("identify", "record_gpu_{fit}.log"),
-    conda:
-        "../../envs/cuda.yaml"
+        fit_env
     resources:
         slurm_partition=fit_partition,
-        gres="gpu:1",
-        runtime=120,
+        gres=fit_gres,
     params:
         oracle=fit_oracle,
     shell:
@@ -62,7 +46,7 @@ rule identify_record_gpu:
 rule identify_fit:
     input:
         corpus=fit_corpus,
-        labels=fit_labels,
+        labels=rules.identify_record.output,
     output:
         matches=result_path("identify", "fits", "{fit}", "matches.csv"),
         tables=result_path("identify", "fits", "{fit}", "tables.csv"),
@@ -70,7 +54,7 @@ rule identify_fit:
     log:
         log_path("identify", "fit_{fit}.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
         candidates=candidate_args,
         out_dir=subpath(output.summary, parent=True),
@@ -84,44 +68,25 @@ rule identify_parity_config:
     log:
         log_path("identify", "parity_config_{name}.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
         settings=parity_settings,
     shell:
-        "ue5m3 train-config --json {params.settings:q} --out {output} > {log} 2>&1"
+        "ue5m3 train-config --config {params.settings:q} --out {output} > {log} 2>&1"
 
 
 rule identify_parity:
     input:
         rules.identify_parity_config.output,
     output:
-        result_path("identify", "parity", "cpu", "{name}.json"),
+        result_path("identify", "parity", "{name}.json"),
     log:
         log_path("identify", "parity_{name}.log"),
     conda:
-        "../../envs/cpu.yaml"
-    params:
-        a=parity_value("backend_a"),
-        b=parity_value("backend_b"),
-        steps=parity_value("steps"),
-    shell:
-        "ue5m3 parity --config {input} --backend-a {params.a} --backend-b {params.b} --steps {params.steps} --out {output} > {log} 2>&1"
-
-
-rule identify_parity_gpu:
-    input:
-        rules.identify_parity_config.output,
-    output:
-        result_path("identify", "parity", "gpu", "{name}.json"),
-    log:
-        log_path("identify", "parity_gpu_{name}.log"),
-    conda:
-        "../../envs/cuda.yaml"
+        parity_env
     resources:
         slurm_partition=parity_partition,
-        gres="gpu:1",
-        mem_mb=200000,
-        runtime=240,
+        gres=parity_gres,
     params:
         a=parity_value("backend_a"),
         b=parity_value("backend_b"),
@@ -138,20 +103,20 @@ rule grid_control:
     log:
         log_path("identify", "grid_control.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     threads: 1
     params:
-        args=grid_control_args(),
+        config=stage_config("identification/grid_control"),
         out_dir=subpath(output.summary, parent=True),
     shell:
-        "OMP_NUM_THREADS={threads} ue5m3 grid-control {params.args} --out-dir {params.out_dir} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} ue5m3 grid-control --config {params.config:q} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule identification_figures:
     input:
         summaries=[str(Path(d) / "summary.json") for d in fit_dirs()],
         tables=[str(Path(d) / "tables.csv") for d in fit_dirs()],
-        parity=[parity_report(name) for name in IDENT["parity"]],
+        parity=parity_reports(),
     output:
         figure=figure_path("emulator_identification.pdf"),
         table=figure_path("emulator_identification_vs_paper.csv"),
@@ -159,7 +124,7 @@ rule identification_figures:
     log:
         notebook=log_path("notebooks", "emulator_identification.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/emulator_identification.ipynb"
 
@@ -175,6 +140,6 @@ rule grid_control_figures:
     log:
         notebook=log_path("notebooks", "grid_regression_control.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/grid_regression_control.ipynb"

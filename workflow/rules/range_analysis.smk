@@ -11,14 +11,12 @@ rule range_analysis:
     log:
         log_path("range_analysis", "range_analysis.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
-        targets=config["range_analysis"]["targets"],
-        reference=config["range_analysis"]["example_reference"],
-        example_targets=config["range_analysis"]["example_targets"],
+        config=stage_config("range_analysis"),
         out_dir=subpath(output.formats, parent=True),
     shell:
-        "ue5m3 range-analysis --targets {params.targets} --example-reference {params.reference} --example-targets {params.example_targets} --out-dir {params.out_dir} > {log} 2>&1"
+        "ue5m3 range-analysis --config {params.config:q} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule range_figures:
@@ -34,6 +32,6 @@ rule range_figures:
     log:
         notebook=log_path("notebooks", "range_analysis.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/range_analysis.ipynb"

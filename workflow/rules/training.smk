@@ -14,11 +14,11 @@ rule prepare_data:
     log:
         log_path("data", "prepare_data.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
-        settings=data_settings(),
+        config=stage_config("data"),
     shell:
-        "ue5m3 prepare-data --config-json {params.settings:q} --out {output} > {log} 2>&1"
+        "ue5m3 prepare-data --config {params.config:q} --out {output} > {log} 2>&1"
 
 
 rule train_config:
@@ -27,11 +27,11 @@ rule train_config:
     log:
         log_path("train", "{group}", "{variant}", "seed{seed}", "train_config.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
         settings=run_settings,
     shell:
-        "ue5m3 train-config --json {params.settings:q} --out {output} > {log} 2>&1"
+        "ue5m3 train-config --config {params.settings:q} --out {output} > {log} 2>&1"
 
 
 rule train_run:
@@ -43,7 +43,7 @@ rule train_run:
     log:
         log_path("train", "{group}", "{variant}", "seed{seed}", "train.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     threads: 1
     params:
         launcher=config["launcher"],
@@ -53,37 +53,17 @@ rule train_run:
 
 rule training_summary:
     input:
-        finals(main_run_dirs()),
+        summary_finals,
     output:
-        curves=result_path("train", "summary", "main", "curves.csv"),
-        final_window=result_path("train", "summary", "main", "final_window.csv"),
-        by_recipe=result_path("train", "summary", "main", "by_recipe.csv"),
+        curves=result_path("train", "summary", "{group}", "curves.csv"),
+        final_window=result_path("train", "summary", "{group}", "final_window.csv"),
+        by_recipe=result_path("train", "summary", "{group}", "by_recipe.csv"),
     log:
-        log_path("train", "training_summary.log"),
+        log_path("train", "summary_{group}.log"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     params:
-        runs=main_run_dirs(),
-        window=TRAINING["final_window"],
-        smoothing=TRAINING["smoothing_steps"],
-        out_dir=subpath(output.curves, parent=True),
-    shell:
-        "ue5m3 summarize-training --runs {params.runs} --out-dir {params.out_dir} --final-window {params.window} --smoothing {params.smoothing} > {log} 2>&1"
-
-
-rule control_summary:
-    input:
-        finals(control_run_dirs()),
-    output:
-        curves=result_path("train", "summary", "control", "curves.csv"),
-        final_window=result_path("train", "summary", "control", "final_window.csv"),
-        by_recipe=result_path("train", "summary", "control", "by_recipe.csv"),
-    log:
-        log_path("train", "control_summary.log"),
-    conda:
-        "../../envs/cpu.yaml"
-    params:
-        runs=control_run_dirs(),
+        runs=summary_runs,
         window=TRAINING["final_window"],
         smoothing=TRAINING["smoothing_steps"],
         out_dir=subpath(output.curves, parent=True),
@@ -93,11 +73,11 @@ rule control_summary:
 
 rule training_figures:
     input:
-        curves=rules.training_summary.output.curves,
-        final_window=rules.training_summary.output.final_window,
-        by_recipe=rules.training_summary.output.by_recipe,
-        control_curves=rules.control_summary.output.curves,
-        control_final_window=rules.control_summary.output.final_window,
+        curves=summary_table("main", "curves"),
+        final_window=summary_table("main", "final_window"),
+        by_recipe=summary_table("main", "by_recipe"),
+        control_curves=summary_table("control", "curves"),
+        control_final_window=summary_table("control", "final_window"),
     output:
         loss=figure_path("training_loss.pdf"),
         final_window=figure_path("training_final_window.pdf"),
@@ -107,6 +87,6 @@ rule training_figures:
     log:
         notebook=log_path("notebooks", "training.ipynb"),
     conda:
-        "../../envs/cpu.yaml"
+        "../envs/cpu.yaml"
     notebook:
         "../../notebooks/training.ipynb"

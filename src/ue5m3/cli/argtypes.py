@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from typing import TypeVar
 
-__all__ = ["json_object", "optional_count", "positive_float", "none_or_int"]
+T = TypeVar("T")
+
+__all__ = [
+    "json_object",
+    "optional_count",
+    "positive_float",
+    "none_or_int",
+    "add_config_option",
+    "load_stage_config",
+]
 
 
 def json_object(text: str) -> dict:
@@ -48,3 +58,28 @@ def none_or_int(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
+
+
+def add_config_option(parser: argparse.ArgumentParser, dataclass_name: str, *, required: bool = False) -> None:
+    """The ``--config`` option of a stage verb: its settings as one JSON object or YAML/JSON file."""
+    default = "" if required else " Omitted keys (or the whole option) take the dataclass defaults."
+    parser.add_argument(
+        "--config",
+        required=required,
+        default=None,
+        help=f"the stage's settings ({dataclass_name}): a JSON object or the path of a YAML/JSON file.{default}",
+    )
+
+
+def load_stage_config(cls: type[T], text: str | None) -> T:
+    """The stage config ``cls`` from a ``--config`` value through the strict loader (defaults when None).
+
+    Raises:
+        ConfigError: unknown, missing or mistyped keys, naming the source (the file, or the inline JSON).
+    """
+    from ue5m3 import config
+
+    if text is None:
+        return config.load(cls, {}, source="defaults")
+    data, source = config.load_value(text, what="--config")
+    return config.load(cls, data, source=source)

@@ -23,7 +23,7 @@ def _make_probes(args: argparse.Namespace) -> int:
     from ue5m3.identify.run import write_corpus
 
     path = write_corpus(
-        CorpusConfig(**args.config_json),
+        argtypes.load_stage_config(CorpusConfig, args.config),
         args.out,
         witness_run=args.witness_run,
         witness_module=args.witness_module,
@@ -75,9 +75,7 @@ def _parity(args: argparse.Namespace) -> int:
 def _grid_control(args: argparse.Namespace) -> int:
     from ue5m3.identify import grid_control
 
-    cfg = grid_control.GridControlConfig(
-        seeds=tuple(args.seeds), grids=tuple(args.grids), roundings=tuple(args.roundings), steps=args.steps
-    )
+    cfg = argtypes.load_stage_config(grid_control.GridControlConfig, args.config)
     paths = grid_control.write(grid_control.run(cfg), args.out_dir)
     for name, path in paths.items():
         print(f"{name}: {path}")
@@ -92,7 +90,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="Generate the probe families under one seed (CorpusConfig fields as JSON) and save them as one "
         "safetensors file with provenance; --witness-run mines witnesses from a linear of a trained run.",
     )
-    p.add_argument("--config-json", type=argtypes.json_object, default={}, help="CorpusConfig fields as a JSON object")
+    argtypes.add_config_option(p, "ue5m3.identify.probes.CorpusConfig")
     p.add_argument("--witness-run", default=None, help="training run directory whose checkpoint gives the witnesses")
     p.add_argument("--witness-module", default=None, help="name of the linear whose forward GEMM is mined")
     p.add_argument("--witness-step", type=int, default=None, help="checkpoint step (default: the newest)")
@@ -153,9 +151,6 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="Train the 256-256-64 SiLU MLP per seed in BF16 and UE5M3 B16 with probe-matched GEMMs under "
         "each final grid; write runs.csv, curves.csv and summary.json (bit-identity across grids, mean eval MSE).",
     )
-    p.add_argument("--seeds", type=int, nargs="+", default=[41, 42, 43])
-    p.add_argument("--grids", type=argtypes.none_or_int, nargs="+", default=[None, 256, 512, 1024, 2048, 4096])
-    p.add_argument("--roundings", nargs="+", default=["rne", "sr"], choices=["rne", "sr"])
-    p.add_argument("--steps", type=int, default=500, help="AdamW steps per run")
+    argtypes.add_config_option(p, "ue5m3.identify.grid_control.GridControlConfig")
     p.add_argument("--out-dir", required=True, help="output directory")
     verbs["grid-control"] = _grid_control

@@ -14,12 +14,12 @@ def _prepare_data(args: argparse.Namespace) -> int:
     from ue5m3 import data
     from ue5m3.artifacts import provenance, write_json
 
-    config = data.DataConfig.from_dict(args.config_json)
+    config = argtypes.load_stage_config(data.DataConfig, args.config)
     seconds = data.build_data(config)
     opened = data.open_data(config)
     record = provenance(
         "prepare-data",
-        args.config_json,
+        config.to_dict(),
         seconds=seconds,
         validation_sha256=opened.validation.sha256(),
         calibration_sha256=opened.calibration.sha256(),
@@ -35,7 +35,7 @@ def _train_config(args: argparse.Namespace) -> int:
     from ue5m3.artifacts import atomic_path
     from ue5m3.training.config import TrainConfig
 
-    cfg = TrainConfig(**args.json)  # validates every key before anything is written
+    cfg = argtypes.load_stage_config(TrainConfig, args.config)  # every key validated before anything is written
     with atomic_path(args.out) as tmp:
         tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=True))
     print(f"train config: {args.out}")
@@ -55,7 +55,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="Prepare the corpus splits, train the BPE (unless data.tokenizer_path is set), tokenize every "
         "split into memory-mapped shards and write a provenance record.",
     )
-    p.add_argument("--config-json", type=argtypes.json_object, required=True, help="the data section as a JSON object")
+    argtypes.add_config_option(p, "ue5m3.data.DataConfig", required=True)
     p.add_argument("--out", required=True, help="the provenance record to write (JSON)")
     verbs["prepare-data"] = _prepare_data
 
@@ -65,7 +65,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="Validate a JSON object against the training config (unknown or missing keys fail) and write "
         "it as the YAML that `ue5m3 train --config` reads.",
     )
-    p.add_argument("--json", type=argtypes.json_object, required=True, help="the run's settings as a JSON object")
+    argtypes.add_config_option(p, "ue5m3.training.config.TrainConfig", required=True)
     p.add_argument("--out", required=True, help="the config YAML to write")
     verbs["train-config"] = _train_config
 

@@ -10,10 +10,11 @@ checked in ``__post_init__`` with the offending key named in the message.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NoReturn
+
+from ue5m3 import config
 
 __all__ = ["Corpus", "MixUnit", "DataConfig", "STREAM_NAMES"]
 
@@ -175,40 +176,11 @@ class DataConfig:
         return STREAM_NAMES[self.corpus]
 
     @classmethod
-    def from_dict(cls, data: Any) -> DataConfig:
-        """Build from a config section strictly: exact keys, lists to tuples, enum strings to members.
-
-        Raises:
-            ValueError: unknown or missing keys (both listed), unknown enum values, broken invariants.
-            TypeError: a value of the wrong type.
-        """
-        if not isinstance(data, Mapping):
-            raise TypeError(f"data: expected a mapping, got {type(data).__name__} {data!r}")
-        expected = [f.name for f in fields(cls)]
-        unknown = sorted(k for k in data if k not in expected)
-        missing = [k for k in expected if k not in data]
-        if unknown or missing:
-            raise ValueError(f"data: unknown keys {unknown}, missing keys {missing}; expected {expected}")
-        kwargs = dict(data)
-        for key, enum in (("corpus", Corpus), ("mix_unit", MixUnit)):
-            accepted = [m.value for m in enum]
-            if kwargs[key] not in accepted:
-                _fail(ValueError, key, f"unknown value {kwargs[key]!r}; accepted: {accepted}")
-            kwargs[key] = enum(kwargs[key])
-        for key in ("stream_a_files", "stream_b_files", "mix"):
-            if not isinstance(kwargs[key], list | tuple):
-                _fail(TypeError, key, f"expected a list, got {type(kwargs[key]).__name__} {kwargs[key]!r}")
-            kwargs[key] = tuple(kwargs[key])
-        return cls(**kwargs)
+    def from_dict(cls, data: Any, *, source: str = "<data config>") -> DataConfig:
+        """The strict loader (:func:`ue5m3.config.load`): unknown keys, wrong types and unknown enum values are
+        refused, naming ``source`` and the key path; omitted keys take the defaults above."""
+        return config.load(cls, data, source=source, path="data")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (str, int, float, bool, None, list) accepted by :meth:`from_dict`."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, StrEnum):
-                value = value.value
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        return out
+        return config.dump(self)

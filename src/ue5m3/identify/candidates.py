@@ -26,7 +26,7 @@ named by a canonical string (:attr:`Candidate.name`, :func:`parse`), which is ho
 Exactness: products of two FP32 operands are exact in FP64; exact slice sums use the superaccumulator of
 :mod:`ue5m3.numerics.exact` (correct for any exponent spread); fused steps are
 :func:`ue5m3.numerics.gemm.fused_step`, which sums truncated terms of at most b + 1 significant bits exactly in
-FP64 and refuses step sizes where that could fail (b + 1 + log2(terms) > 53). tests/test_identify.py pins
+FP64 and refuses step sizes where that could fail (b + 1 + log2(terms) > 53). tests/test_identify_candidates.py pins
 ``w64-exact-*`` to :func:`ue5m3.numerics.gemm.matmul` ``probe_matched`` and ``w64-fused35-rtz`` to its ``mma_sim``, and
 every candidate to a scalar reference in ``fractions``.
 """

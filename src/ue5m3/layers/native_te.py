@@ -35,7 +35,7 @@ __all__ = [
 
 INSTALL_HINT = (
     "install Transformer Engine in a CUDA environment (pip install --no-build-isolation "
-    "'transformer-engine[pytorch]' or use an NVIDIA PyTorch container; see envs/cuda.yaml), or run the recipe "
+    "'transformer-engine[pytorch]' or use an NVIDIA PyTorch container; see workflow/envs/cuda.yaml), or run the recipe "
     "emulated with ue5m3.layers.linear.convert"
 )
 

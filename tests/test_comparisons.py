@@ -1,0 +1,499 @@
+"""Tests for ue5m3.experiments.comparisons (the figures' *_vs_paper.csv tables) and plotting.notebook_setup.
+
+Every input is a small hand-made table; the expected frames are worked out by hand (values chosen exact in
+binary, so equality is exact) and compared column by column, row by row, in order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from ue5m3 import plotting, reference
+from ue5m3.artifacts import write_csv
+from ue5m3.experiments import comparisons
+
+NAN = float("nan")
+
+
+def _assert_frame(actual: pd.DataFrame, expected: dict[str, list], **kwargs) -> None:
+    """``actual`` has exactly ``expected``'s columns (in order) and values (NaN equal to NaN)."""
+    assert list(actual.columns) == list(expected)
+    pd.testing.assert_frame_equal(
+        actual.reset_index(drop=True), pd.DataFrame(expected), check_dtype=False, check_exact=True, **kwargs
+    )
+
+
+def _csv(tmp_path: Path, table: pd.DataFrame) -> str:
+    """The table as the notebooks write it."""
+    path = tmp_path / "table.csv"
+    write_csv(path, table.to_dict("records"), list(table.columns))
+    return path.read_text()
+
+
+# --- accumulation ----------------------------------------------------------------------------------------
+
+
+def test_accumulation_vs_paper_matches_bf16_rtz_bias_and_the_grid_sweep_in_the_papers_order():
+    paper = pd.DataFrame(
+        {
+            "table": ["rtz_bias_k", "rtz_bias_k", "rtz_bias_k", "grid_sweep_s", "grid_sweep_s"],
+            "distribution_or_grid": ["gaussian", "gaussian", "laplace", "none", "1/256"],
+            "metric": ["magnitude_bias_ppm", "gain_error_ppm", "magnitude_bias_ppm", "rmse", "rmse"],
+            "value": [-1.0, -2.0, -3.0, 5e-6, 2e-4],
+        }
+    )
+    rtz_bias = pd.DataFrame(
+        {
+            "distribution": ["gaussian", "gaussian", "gaussian", "gaussian"],
+            "operands": ["bf16", "bf16", "nvfp4", "bf16"],
+            "rho": [0.0, 0.0, 0.0, 0.25],
+            "metric": ["magnitude_bias_ppm", "magnitude_bias_ppm", "magnitude_bias_ppm", "gain_error_ppm"],
+            "variant": ["rtz", "rne", "rtz", "rtz"],
+            "value_ppm": [-0.5, 0.125, -9.0, -0.75],
+        }
+    )
+    grid_sweep = pd.DataFrame(
+        {
+            "sigma": [2**-12] * 3,
+            "scale": [1.0] * 3,
+            "grid": ["1/256", "none", "1/256"],
+            "denominator": [256, NAN, 256],
+            "metric": ["rmse", "rmse", "mapped_to_zero_pct"],
+            "value": [3e-4, 6e-6, 100.0],
+        }
+    )
+    table = comparisons.accumulation_vs_paper(rtz_bias, grid_sweep, paper)
+    _assert_frame(
+        table,
+        {
+            "table": ["rtz_bias_k", "rtz_bias_k", "rtz_bias_k", "grid_sweep_s", "grid_sweep_s"],
+            "distribution_or_grid": ["gaussian", "gaussian", "laplace", "none", "1/256"],
+            "metric": ["magnitude_bias_ppm", "gain_error_ppm", "magnitude_bias_ppm", "rmse", "rmse"],
+            "paper": [-1.0, -2.0, -3.0, 5e-6, 2e-4],
+            "ours": [-0.5, -0.75, NAN, 6e-6, 3e-4],  # nvfp4 and rne rows ignored; no laplace run
+        },
+    )
+
+
+def test_accumulation_vs_paper_has_a_row_for_every_row_of_the_shipped_reference():
+    paper = reference.load("accumulation_statistics")
+    empty_bias = pd.DataFrame(columns=["distribution", "operands", "rho", "metric", "variant", "value_ppm"])
+    empty_sweep = pd.DataFrame(columns=["sigma", "scale", "grid", "denominator", "metric", "value"])
+    table = comparisons.accumulation_vs_paper(empty_bias, empty_sweep, paper)
+    assert list(table.columns) == ["table", "distribution_or_grid", "metric", "paper", "ours"]
+    assert table["paper"].tolist() == paper["value"].tolist()
+    assert table["ours"].isna().all()
+
+
+# --- training --------------------------------------------------------------------------------------------
+
+
+def _by_recipe() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "recipe": ["bf16", "ue5m3_b16", "mxfp4"],
+            "final_window_mean_loss": [3.0, 3.25, 3.5],
+            "seed_std": [0.125, 0.25, 0.0],
+            "seed_min": [2.875, 3.0, 3.5],
+            "seed_max": [3.125, 3.5, 3.5],
+            "seeds": [2, 2, 1],
+        }
+    )
+
+
+def _paper_training() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "config": ["bf16", "ue5m3_b16", "nvfp4_te"],
+            "final_window_mean_loss": [2.0, 2.5, 2.75],
+            "endpoint_loss": [1.875, 2.5, 2.625],
+            "endpoint_grad_norm": [0.0625, 0.125, 0.5],
+        }
+    )
+
+
+def test_training_gaps_subtract_each_sides_bf16_loss():
+    ours, paper = comparisons.training_gaps(_by_recipe(), _paper_training())
+    assert ours["gap_to_bf16"].tolist() == [0.0, 0.25, 0.5]
+    assert ours.drop(columns="gap_to_bf16").equals(_by_recipe())
+    assert list(paper.columns) == ["recipe", "final_window_mean_loss", "endpoint_loss", "endpoint_grad_norm"] + [
+        "gap_to_bf16"
+    ]
+    assert paper["recipe"].tolist() == ["bf16", "ue5m3_b16", "nvfp4_te"]
+    assert paper["gap_to_bf16"].tolist() == [0.0, 0.5, 0.75]
+
+
+def test_training_vs_paper_is_an_outer_join_sorted_by_recipe():
+    table = comparisons.training_vs_paper(_by_recipe(), _paper_training())
+    _assert_frame(
+        table,
+        {
+            "recipe": ["bf16", "mxfp4", "nvfp4_te", "ue5m3_b16"],
+            "final_window_mean_loss_ours": [3.0, 3.5, NAN, 3.25],
+            "seed_std": [0.125, 0.0, NAN, 0.25],
+            "seed_min": [2.875, 3.5, NAN, 3.0],
+            "seed_max": [3.125, 3.5, NAN, 3.5],
+            "seeds": [2.0, 1.0, NAN, 2.0],
+            "gap_to_bf16_ours": [0.0, 0.5, NAN, 0.25],
+            "final_window_mean_loss_paper": [2.0, NAN, 2.75, 2.5],
+            "endpoint_loss": [1.875, NAN, 2.625, 2.5],
+            "endpoint_grad_norm": [0.0625, NAN, 0.5, 0.125],
+            "gap_to_bf16_paper": [0.0, NAN, 0.75, 0.5],
+        },
+    )
+
+
+def test_training_vs_paper_needs_a_bf16_run():
+    with pytest.raises(KeyError, match="bf16"):
+        comparisons.training_vs_paper(_by_recipe().iloc[1:], _paper_training())
+
+
+# --- validation NLL --------------------------------------------------------------------------------------
+
+
+def _nll_results() -> pd.DataFrame:
+    rows = [
+        ("bf16", 1, 10, "bf16", 4.0),
+        ("bf16", 2, 10, "bf16", 4.5),
+        ("bf16", 1, 20, "bf16", 3.0),
+        ("bf16", 2, 20, "bf16", 3.0),
+        ("ue5m3_b16", 1, 10, "cold_d50_replay", 4.25),
+        ("ue5m3_b16", 2, 10, "cold_d50_replay", 4.25),
+        ("ue5m3_b16", 1, 20, "cold_d50_replay", 3.5),
+        ("ue5m3_b16", 1, 20, "current_tensor", 9.0),  # the sensitivity run: not the recipe's main policy
+        ("ue5m3_b16", 2, 20, "cold_d50_replay", 3.25),
+    ]
+    return pd.DataFrame(rows, columns=["recipe", "seed", "step", "policy", "nll"])
+
+
+def _paper_nll() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "config": ["bf16", "bf16", "ue5m3_b16"],
+            "step": [10, 20, 20],
+            "nll": [2.0, 2.5, 2.25],
+            "inference_policy": ["none", "none", "cold_d50_replay"],
+        }
+    )
+
+
+def test_validation_nll_tables_keep_the_main_policy_and_compute_percent_vs_bf16():
+    ours, paper = comparisons.validation_nll_tables(_nll_results(), _paper_nll())
+    _assert_frame(
+        ours,
+        {
+            "recipe": ["bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
+            "step": [10, 20, 10, 20],
+            "mean": [4.25, 3.0, 4.25, 3.375],
+            "min": [4.0, 3.0, 4.25, 3.25],
+            "max": [4.5, 3.0, 4.25, 3.5],
+            "percent_vs_bf16": [0.0, 0.0, 0.0, -12.5],  # 100 (3.0 - 3.375) / 3.0: worse than BF16
+        },
+    )
+    _assert_frame(
+        paper,
+        {
+            "recipe": ["bf16", "bf16", "ue5m3_b16"],
+            "step": [10, 20, 20],
+            "nll": [2.0, 2.5, 2.25],
+            "inference_policy": ["none", "none", "cold_d50_replay"],
+            "percent_vs_bf16": [0.0, 0.0, 10.0],  # 100 (2.5 - 2.25) / 2.5
+        },
+    )
+
+
+def test_validation_nll_tables_leave_the_reference_table_unchanged():
+    paper = _paper_nll()
+    comparisons.validation_nll_tables(_nll_results(), paper)
+    assert paper.equals(_paper_nll())
+
+
+def test_validation_vs_paper_joins_on_recipe_and_step():
+    table = comparisons.validation_vs_paper(_nll_results(), _paper_nll())
+    _assert_frame(
+        table,
+        {
+            "recipe": ["bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
+            "step": [10, 20, 10, 20],
+            "mean": [4.25, 3.0, 4.25, 3.375],
+            "min": [4.0, 3.0, 4.25, 3.25],
+            "max": [4.5, 3.0, 4.25, 3.5],
+            "percent_vs_bf16_ours": [0.0, 0.0, 0.0, -12.5],
+            "nll": [2.0, 2.5, NAN, 2.25],
+            "inference_policy": ["none", "none", NAN, "cold_d50_replay"],
+            "percent_vs_bf16_paper": [0.0, 0.0, NAN, 10.0],
+        },
+    )
+
+
+def test_validation_percent_keeps_the_published_evaluation_order(tmp_path):
+    # The CSV must stay byte-identical: 100 (b - x) / b, which differs in the last bits from 100 - 100 x / b.
+    results = pd.DataFrame(
+        {"recipe": ["bf16", "r"], "seed": [1, 1], "step": [1, 1], "policy": ["p", "p"], "nll": [3.0, 2.9]}
+    )
+    paper = pd.DataFrame({"config": ["bf16"], "step": [1], "nll": [3.0], "inference_policy": ["none"]})
+    table = comparisons.validation_vs_paper(results, paper)
+    assert table["percent_vs_bf16_ours"].tolist() == [0.0, 3.333333333333336]
+    assert _csv(tmp_path, table).splitlines()[2] == "r,1,2.9,2.9,2.9,3.333333333333336,nan,nan,nan"
+
+
+# --- downstream ------------------------------------------------------------------------------------------
+
+
+def _downstream(recipe: str, seed: int, core9: float, mmlu: float | None, **extra) -> comparisons.Record:
+    path = f"results/eval/downstream/{recipe}/seed{seed}/step8/cold_d50_replay.json"
+    aggregates = {"core9_evaluated": {"macro": core9}, "mmlu": {"best": mmlu}, **extra}
+    return path, {"policy": "cold_d50_replay", "aggregates": aggregates}
+
+
+def test_downstream_vs_paper_aggregates_percent_over_seeds_and_drops_missing_scores():
+    records = [
+        _downstream("bf16", 1, 0.5, 0.25, mmlu_pro_mc=0.125),
+        _downstream("bf16", 2, 0.75, None),  # MMLU unscored, MMLU-Pro absent
+        _downstream("ue5m3_b16", 1, 0.625, 0.375, mmlu_pro_mc=None),
+    ]
+    paper = pd.DataFrame(
+        {
+            "config": ["bf16", "bf16", "bf16", "ue5m3_b16"],
+            "benchmark": ["core_9mcqa_olmes", "mmlu_olmes", "mmlu_pro_mc", "core_9mcqa_olmes"],
+            "score_percent": [65.0, 40.0, 11.0, 64.0],
+            "examples": [18320, 28084, 12032, 18320],
+        }
+    )
+    table = comparisons.downstream_vs_paper(records, paper)
+    _assert_frame(
+        table,
+        {
+            "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
+            "benchmark": ["core_9mcqa_olmes", "mmlu_olmes", "mmlu_pro_mc", "core_9mcqa_olmes", "mmlu_olmes"],
+            "mean": [62.5, 25.0, 12.5, 62.5, 37.5],
+            "min": [50.0, 25.0, 12.5, 62.5, 37.5],
+            "max": [75.0, 25.0, 12.5, 62.5, 37.5],
+            "count": [2, 1, 1, 1, 1],
+            "paper": [65.0, 40.0, 11.0, 64.0, NAN],
+        },
+    )
+
+
+def test_downstream_vs_paper_reads_recipe_and_seed_from_the_path():
+    records = [
+        (Path("/abs/eval/downstream/mxfp4/seed7/step8/current_tensor.json"), _downstream("x", 1, 0.25, 0.5)[1]),
+        (Path("/abs/eval/downstream/mxfp4/seed9/step8/current_tensor.json"), _downstream("x", 1, 0.75, 0.5)[1]),
+    ]
+    table = comparisons.downstream_vs_paper(records, reference.load("olmes_aggregates"))
+    assert table["recipe"].tolist() == ["mxfp4", "mxfp4"]
+    assert table["count"].tolist() == [2, 2]  # two seeds, not one
+    assert table["mean"].tolist() == [50.0, 50.0]
+    assert table["paper"].isna().all()  # the paper has no mxfp4 run
+
+
+# --- emulator identification -----------------------------------------------------------------------------
+
+
+def test_emulator_identification_vs_paper_appends_the_papers_unmatched_rows(tmp_path):
+    ours = pd.DataFrame(
+        {
+            "experiment": ["order", "order", "order", "witness"],
+            "variant": ["rne_16", "rne_16", "rne_8", "group64"],
+            "candidate": ["c1", "c2", "c1", "c1"],
+            "passed": [5, 7, 1, 6],
+            "total": [10, 10, 10, 7],
+            "fit": ["fit_a", "fit_a", "fit_a", "fit_b"],
+        }
+    )
+    paper = pd.DataFrame(
+        {
+            "experiment": ["order", "witness", "witness"],
+            "variant": ["rne_16", "decoded", "group64"],
+            "passed": [143, 0, 6],
+            "total": [258, 7, 7],
+        }
+    )
+    table = comparisons.emulator_identification_vs_paper(ours, paper)
+    assert list(table.columns) == comparisons.EMULATOR_IDENTIFICATION_COLUMNS
+    assert {c: str(table[c].dtype) for c in ("passed", "total", "paper_passed", "paper_total")} == dict.fromkeys(
+        ("passed", "total", "paper_passed", "paper_total"), "Int64"
+    )
+    assert _csv(tmp_path, table) == (
+        "fit,experiment,variant,candidate,passed,total,paper_passed,paper_total\n"
+        "fit_a,order,rne_16,c1,5,10,143,258\n"
+        "fit_a,order,rne_16,c2,7,10,143,258\n"
+        "fit_a,order,rne_8,c1,1,10,,\n"
+        "fit_b,witness,group64,c1,6,7,6,7\n"
+        "nan,witness,decoded,nan,,,0,7\n"
+    )
+
+
+def test_emulator_identification_vs_paper_covers_the_shipped_reference_once_per_candidate():
+    paper = reference.load("emulator_identification")
+    ours = paper.assign(candidate="probe_matched", fit="f")
+    table = comparisons.emulator_identification_vs_paper(ours, paper)
+    assert len(table) == len(paper)  # every reference row matched, nothing appended
+    assert table["passed"].tolist() == table["paper_passed"].tolist() == paper["passed"].tolist()
+
+
+# --- grid-regression control -----------------------------------------------------------------------------
+
+
+def test_grid_regression_control_vs_paper_means_and_bit_identity_per_arm(tmp_path):
+    rows = [
+        ("bf16", "none", 1, 0.5, "b1"),
+        ("bf16", "none", 2, 0.25, "b2"),
+        ("rne", "none", 1, 1.0, "x"),
+        ("rne", "256", 1, 1.0, "x"),
+        ("rne", "none", 2, 2.0, "y"),  # another seed may end elsewhere: identity is per seed
+        ("rne", "256", 2, 2.0, "y"),
+        ("sr", "none", 1, 3.0, "s"),
+        ("sr", "256", 1, 4.0, "t"),  # a grid changed this seed's run: the arm is not bit-identical
+        ("sr", "none", 2, 5.0, "u"),
+        ("sr", "256", 2, 5.0, "u"),
+    ]
+    runs = pd.DataFrame(rows, columns=["rounding", "grid", "seed", "final_eval_mse", "params_sha256"])
+    paper = pd.DataFrame(
+        {
+            "arm": ["bf16", "rne", "rtz", "rne", "sr"],
+            "metric": ["mean_final_eval_mse"] * 3 + ["bit_identical_across_grids"] * 2,
+            "value": [0.125, 0.25, 0.75, 1.0, 1.0],
+        }
+    )
+    table = comparisons.grid_regression_control_vs_paper(runs, paper)
+    _assert_frame(
+        table,
+        {
+            "arm": ["bf16", "rne", "rtz", "sr"],
+            "ours": [0.375, 1.5, NAN, 4.25],
+            "paper": [0.125, 0.25, 0.75, NAN],
+            "paper_bit_identical": [NAN, 1.0, NAN, 1.0],
+            "ours_bit_identical": [NAN, 1.0, NAN, 0.0],
+        },
+    )
+    assert _csv(tmp_path, table).splitlines()[1:] == [
+        "bf16,0.375,0.125,nan,nan",
+        "rne,1.5,0.25,1.0,1.0",
+        "rtz,nan,0.75,nan,nan",
+        "sr,4.25,nan,1.0,0.0",
+    ]
+
+
+# --- parity ----------------------------------------------------------------------------------------------
+
+
+def _group(elements: int, equal: int, rel_l2: float, max_abs: float, ulp: int) -> dict:
+    keys = ("elements", "bitwise_equal_elements", "rel_l2", "max_abs_diff", "max_ulp")
+    return dict(zip(keys, (elements, equal, rel_l2, max_abs, ulp), strict=True))
+
+
+def test_parity_table_one_row_per_report_and_group():
+    records = [
+        (
+            "results/identify/parity/cpu_vs_torch.json",
+            {
+                "report": {
+                    "backends": {"a": "torch", "b": "cpu_kernel"},
+                    "groups": {"loss": _group(1, 1, 0.0, 0.0, 0), "params": _group(64, 60, 0.5, 0.25, 2)},
+                }
+            },
+        ),
+        (
+            Path("/x/native.json"),
+            {"report": {"backends": {"a": "torch", "b": "native_te"}, "groups": {"grads": _group(8, 0, 1.0, 2.0, 9)}}},
+        ),
+    ]
+    _assert_frame(
+        comparisons.parity_table(records),
+        {
+            "comparison": ["cpu_vs_torch", "cpu_vs_torch", "native"],
+            "backend_a": ["torch", "torch", "torch"],
+            "backend_b": ["cpu_kernel", "cpu_kernel", "native_te"],
+            "group": ["loss", "params", "grads"],
+            "elements": [1, 64, 8],
+            "bitwise_equal": [1, 60, 0],
+            "rel_l2": [0.0, 0.5, 1.0],
+            "max_abs_diff": [0.0, 0.25, 2.0],
+            "max_ulp": [0, 2, 9],
+        },
+    )
+
+
+def test_parity_table_without_reports_still_has_its_columns(tmp_path):
+    table = comparisons.parity_table([])
+    assert table.empty
+    assert _csv(tmp_path, table) == ",".join(comparisons.PARITY_COLUMNS) + "\n"
+
+
+# --- notebook_setup --------------------------------------------------------------------------------------
+
+
+class _Files(list):
+    """Stands in for Snakemake's Namedlist: a list of paths with some of them (or sublists) named."""
+
+    def __init__(self, **named):
+        super().__init__()
+        for name, value in named.items():
+            self.extend(value if isinstance(value, list) else [value])
+            setattr(self, name, value)
+
+
+class _Snakemake:
+    def __init__(self, input: _Files, output: _Files):
+        self.input, self.output = input, output
+
+
+def _parameters() -> dict:
+    return {"curves_csv": "results/curves.csv", "runs": [], "figure_pdf": "figures/f.pdf", "other": "left alone"}
+
+
+def test_notebook_setup_under_snakemake_binds_inputs_and_outputs_and_applies_the_style():
+    matplotlib.rcdefaults()
+    smk = _Snakemake(
+        _Files(curves="r/curves.csv", runs=["r/a.json", "r/b.json"]), _Files(figure="fig.pdf", table="t.csv")
+    )
+    namespace = {**_parameters(), "snakemake": smk}
+    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+    assert namespace["curves_csv"] == "r/curves.csv"
+    assert namespace["runs"] == ["r/a.json", "r/b.json"] and type(namespace["runs"]) is list
+    assert namespace["figure_pdf"] == "fig.pdf"
+    assert namespace["other"] == "left alone"
+    assert matplotlib.rcParams["pdf.fonttype"] == 42
+    assert matplotlib.rcParams["svg.hashsalt"] == plotting.STYLE["svg.hashsalt"]
+
+
+def test_notebook_setup_binds_the_whole_input_to_a_bare_section():
+    smk = _Snakemake(_Files(a="x.json", b="y.json"), _Files())
+    namespace = {"jsons": [], "snakemake": smk}
+    plotting.notebook_setup(namespace, jsons="input")
+    assert namespace["jsons"] == ["x.json", "y.json"]
+
+
+def test_notebook_setup_by_hand_resolves_the_defaults_from_the_repository_root(tmp_path, monkeypatch):
+    (tmp_path / "Snakefile").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    namespace = {**_parameters(), "runs": ["results/a.json", tmp_path / "abs.json"]}
+    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+    assert namespace["curves_csv"] == tmp_path / "results" / "curves.csv"
+    assert namespace["runs"] == [tmp_path / "results" / "a.json", tmp_path / "abs.json"]
+    assert namespace["figure_pdf"] == tmp_path / "figures" / "f.pdf"
+    assert namespace["other"] == "left alone"
+
+
+@pytest.mark.parametrize(
+    ("sources", "error", "match"),
+    [
+        ({"missing_csv": "input.missing"}, KeyError, "missing_csv"),
+        ({"curves_csv": "inputs.curves"}, ValueError, "inputs.curves"),
+        ({"curves_csv": "log"}, ValueError, "log"),
+        ({"curves_csv": "params.x"}, ValueError, "params.x"),
+    ],
+    ids=["undefined parameter", "misspelt section", "log", "params"],
+)
+def test_notebook_setup_rejects_bad_sources_before_binding_anything(sources, error, match):
+    smk = _Snakemake(_Files(curves="r/curves.csv"), _Files(figure="fig.pdf"))
+    namespace = {**_parameters(), "snakemake": smk}
+    with pytest.raises(error, match=match):
+        plotting.notebook_setup(namespace, figure_pdf="output.figure", **sources)
+    assert namespace["figure_pdf"] == "figures/f.pdf"

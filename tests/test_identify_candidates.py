@@ -1,0 +1,131 @@
+"""Tests of ue5m3.identify.candidates: candidate names and parameters, the grid, and the candidates' accumulation
+against the GEMM layer and a scalar reference in exact rationals."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from rational import fp32 as _round_fp32
+from rational import snap as _snap
+from ue5m3.identify import candidate_grid, parse
+from ue5m3.identify.candidates import Candidate, accumulate_cells
+from ue5m3.numerics import gemm
+from ue5m3.numerics.quantize import quantize
+
+
+@pytest.mark.parametrize(
+    "name", ["w64-exact-rtz-g1024", "wK-exact-rne", "w32-fused13-rtz-p128", "w64-fused35-rtz", "w16-exact-rne-g4096"]
+)
+def test_candidate_names_round_trip(name: str) -> None:
+    assert parse(name).name == name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"slice_width": 64, "rounding": "sf"}, "rounding"),
+        ({"slice_width": 64, "final_grid": 1000}, "final_grid"),
+        ({"slice_width": None, "partial_bits": 13}, "fused"),
+        ({"slice_width": 64, "partial_bits": 48}, "partial_bits"),
+        ({"slice_width": 64, "promotion": 96}, "promotion"),
+        ({"slice_width": 64, "promotion": 64}, "promotion"),
+    ],
+)
+def test_candidate_rejects_bad_parameters(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Candidate(**kwargs)
+
+
+def test_parse_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="cannot parse candidate 'w64-rtz'"):
+        parse("w64-rtz")
+
+
+def test_grid_sizes() -> None:
+    grid = candidate_grid()
+    # 5 widths x 2 roundings x 6 grids, MMA-Sim, and the exact sum under each grid
+    assert len(grid) == 60 + 1 + 6
+    assert len({c.name for c in grid}) == len(grid)
+
+
+def _operands(scheme: str, m: int, k: int, n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=gen) * torch.exp2(
+        torch.randint(-8, 8, (m, k // 16), generator=gen)
+    ).repeat_interleave(16, 1)
+    b = torch.randn(k, n, generator=gen) * torch.exp2(
+        torch.randint(-8, 8, (k // 16, n), generator=gen)
+    ).repeat_interleave(16, 0)
+    return quantize(a, scheme, axis=1), quantize(b, scheme, axis=0)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "ue5m3_b16"])
+@pytest.mark.parametrize(
+    ("width", "rounding", "grid"), [(64, "rtz", 1024), (64, "rne", None), (32, "rtz", None), (128, "rne", 4096)]
+)
+def test_exact_candidates_equal_probe_matched_gemm(scheme: str, width: int, rounding: str, grid: int | None) -> None:
+    a_q, b_q = _operands(scheme, 12, 256, 10, seed=width)
+    full = gemm.matmul(a_q, b_q, "probe_matched", slice_width=width, cross_slice_rounding=rounding, final_grid=grid)
+    products = a_q.encoded().double()[:, None, :] * b_q.encoded().double().T[None, :, :]  # [M, N, K]
+    cand = Candidate(slice_width=width, rounding=rounding, final_grid=grid)
+    out = accumulate_cells(products.reshape(-1, 256), cand, block=16) * gemm.alpha(a_q, b_q)
+    assert torch.equal(out.view(torch.int32), full.reshape(-1).view(torch.int32))
+
+
+def test_fused35_equals_mma_sim_gemm() -> None:
+    a_q, b_q = _operands("nvfp4", 9, 512, 7, seed=3)
+    full = gemm.matmul(a_q, b_q, "mma_sim")
+    products = a_q.encoded().double()[:, None, :] * b_q.encoded().double().T[None, :, :]
+    out = accumulate_cells(products.reshape(-1, 512), parse("w64-fused35-rtz"), block=16) * gemm.alpha(a_q, b_q)
+    assert torch.equal(out.view(torch.int32), full.reshape(-1).view(torch.int32))
+
+
+# ----- scalar reference in exact rationals -----------------------------------------------------------------------
+
+
+def _truncate(t: Fraction, quantum: Fraction) -> Fraction:
+    n = abs(t) // quantum
+    return (n if t >= 0 else -n) * quantum
+
+
+def _reference(products: list[Fraction], c: Candidate, block: int) -> Fraction:
+    width = c.slice_width or len(products)
+    span = c.promotion or width
+    products = products + [Fraction(0)] * (-len(products) % span)
+    outer, inner = Fraction(0), Fraction(0)
+    for j in range(len(products) // width):
+        chunk = products[j * width : (j + 1) * width]
+        if c.partial_bits is None:
+            inner = _round_fp32(inner + _round_fp32(sum(chunk), "rne"), c.rounding.value)
+        else:
+            terms = [sum(chunk[i : i + block]) for i in range(0, width, block)] + [inner]
+            nonzero = [abs(t) for t in terms if t != 0]
+            if nonzero:
+                top = max(math.floor(math.log2(float(t))) for t in nonzero)  # floats suffice: exact powers of two
+                top = max(e for e in range(top - 1, top + 2) if Fraction(2) ** e <= max(nonzero))
+                quantum = Fraction(2) ** (top - c.partial_bits)
+                inner = _round_fp32(sum(_truncate(t, quantum) for t in terms), c.rounding.value)
+        if c.promotion is not None and ((j + 1) * width) % c.promotion == 0:
+            outer, inner = _round_fp32(outer + inner, "rne"), Fraction(0)
+    acc = inner if c.promotion is None else _round_fp32(outer + inner, "rne")
+    return _snap(acc, c.final_grid)
+
+
+@pytest.mark.parametrize(
+    ("name", "block"),
+    [("w32-fused13-rtz-p128", 1), ("w32-fused14-rne", 1), ("w64-fused35-rtz", 16), ("w16-exact-rtz-p64-g2048", 16),
+     ("wK-exact-rne-g1024", 16), ("w64-exact-rtz", 16), ("w32-exact-rne-p96", 16), ("w48-exact-rtz", 16)],
+)  # fmt: skip
+def test_candidates_against_exact_rationals(name: str, block: int) -> None:
+    gen = torch.Generator().manual_seed(len(name))
+    k = 272  # not a multiple of every slice: exercises the zero padding of the last slice
+    scale = torch.exp2(torch.randint(-30, 12, (6, k), generator=gen).to(torch.float64))
+    products = torch.randint(-64, 65, (6, k), generator=gen).to(torch.float64) * scale
+    out = accumulate_cells(products, parse(name), block=block)
+    for row in range(6):
+        expected = _reference([Fraction(float(p)) for p in products[row]], parse(name), block)
+        assert Fraction(float(out[row])) == expected, (name, row)
