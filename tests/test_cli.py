@@ -51,3 +51,10 @@ def test_python_dash_m_entry_point_runs():
         [sys.executable, "-m", "ue5m3", "formats", "ue5m3"], capture_output=True, text=True, check=True
     )
     assert "61440" in out.stdout
+
+
+def test_the_cli_spells_the_inference_policies_as_the_library_does():
+    from ue5m3.cli import argtypes
+    from ue5m3.evaluation.inference import InferencePolicy
+
+    assert argtypes.POLICIES == tuple(p.value for p in InferencePolicy)

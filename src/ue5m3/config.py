@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
 import os
 import types
 import typing
@@ -166,7 +165,7 @@ def _convert(value: Any, tp: Any, source: str, path: str, complete: bool = False
             raise _type_error(value, tp, source, path)
         return None
     if origin is typing.Literal:
-        if value not in args or isinstance(value, bool) != any(isinstance(a, bool) for a in args if a == value):
+        if not any(value == a and type(value) is type(a) for a in args):  # True is not 1, 1.0 not 1
             raise ConfigError(f"{_where(source, path)}: unknown value {value!r}; accepted: {list(args)}")
         return value
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -285,8 +284,6 @@ def dump(value: Any) -> Any:
         return {dump(k): dump(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [dump(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return value
     return value
 
 

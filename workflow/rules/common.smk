@@ -32,7 +32,8 @@ def log_path(*parts):
 
 def stage_config(dpath):
     """One config section (a dpath such as "identification/grid_control") as the JSON object its CLI verb
-    loads with the stage's strict loader (--config); defaults for omitted keys live in the stage's dataclass."""
+    loads with the stage's strict loader (--config); defaults for omitted keys live in the stage's dataclass.
+    """
     return json.dumps(lookup(dpath=dpath, within=config), sort_keys=True)
 
 
@@ -219,7 +220,6 @@ def downstream_examples_arg():
 # ----- identification ----------------------------------------------------------------------------------
 
 IDENT = config["identification"]
-HARDWARE_ORACLES = ("hopper_fp8", "native_te_nvfp4")
 
 
 def is_hardware(fit):
@@ -308,7 +308,9 @@ def parity_is_native(name):
 
 
 def parity_reports():
-    return [result_path("identify", "parity", f"{name}.json") for name in IDENT["parity"]]
+    return [
+        result_path("identify", "parity", f"{name}.json") for name in IDENT["parity"]
+    ]
 
 
 def parity_settings(wildcards):

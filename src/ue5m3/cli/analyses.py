@@ -10,30 +10,26 @@ from ue5m3.cli import argtypes
 __all__ = ["add_verbs"]
 
 
-def _print_paths(paths: dict) -> int:
-    for name, path in paths.items():
-        print(f"{name}: {path}")
-    return 0
-
-
 def _range_analysis(args: argparse.Namespace) -> int:
     from ue5m3.experiments import range_analysis
 
     cfg = argtypes.load_stage_config(range_analysis.RangeAnalysisConfig, args.config)
-    return _print_paths(range_analysis.run(cfg, args.out_dir))
+    return argtypes.print_paths(range_analysis.run(cfg, args.out_dir))
 
 
 def _accumulation_stats(args: argparse.Namespace) -> int:
     from ue5m3.experiments import accumulation
 
     cfg = argtypes.load_stage_config(accumulation.AccumulationConfig, args.config)
-    return _print_paths(accumulation.run(cfg, args.out_dir))
+    return argtypes.print_paths(accumulation.run(cfg, args.out_dir))
 
 
 def _summarize_training(args: argparse.Namespace) -> int:
     from ue5m3.experiments import training_summary as summary
 
-    return _print_paths(summary.run(args.runs, args.out_dir, window_points=args.final_window, smoothing=args.smoothing))
+    return argtypes.print_paths(
+        summary.run(args.runs, args.out_dir, window_points=args.final_window, smoothing=args.smoothing)
+    )
 
 
 def _formats(args: argparse.Namespace) -> int:

@@ -8,25 +8,18 @@ from typing import TypeVar
 T = TypeVar("T")
 
 __all__ = [
-    "json_object",
     "optional_count",
-    "positive_float",
     "none_or_int",
     "add_config_option",
     "load_stage_config",
+    "POLICIES",
+    "add_checkpoint_options",
+    "print_paths",
 ]
 
-
-def json_object(text: str) -> dict:
-    import json
-
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text[:80]!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
-    return value
+# The inference policies (ue5m3.evaluation.inference.InferencePolicy, spelled here so that building the parser
+# does not import torch; tests/test_cli.py holds the two together).
+POLICIES = ("bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen")
 
 
 def optional_count(text: str) -> int | None:
@@ -83,3 +76,20 @@ def load_stage_config(cls: type[T], text: str | None) -> T:
         return config.load(cls, {}, source="defaults")
     data, source = config.load_value(text, what="--config")
     return config.load(cls, data, source=source)
+
+
+def add_checkpoint_options(parser: argparse.ArgumentParser, *, policy: bool) -> None:
+    """``--run-dir`` and ``--step`` of a verb that reads one checkpoint (and ``--policy`` when it runs inference)."""
+    parser.add_argument("--run-dir", required=True, help="the training run directory")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    if policy:
+        parser.add_argument(
+            "--policy", required=True, choices=POLICIES, help="activation-reference policy (numerics spec section 4)"
+        )
+
+
+def print_paths(paths: dict) -> int:
+    """Print a verb's declared outputs, one ``name: path`` line each; the verb's exit code (0)."""
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0

@@ -31,10 +31,7 @@ def _evaluate_nll(args: argparse.Namespace) -> int:
 def _scale_snapshot(args: argparse.Namespace) -> int:
     from ue5m3.evaluation import snapshot
 
-    paths = snapshot.run_snapshot(args.run_dir, args.out_dir, step=args.step, modules=args.modules)
-    for name, path in paths.items():
-        print(f"{name}: {path}")
-    return 0
+    return argtypes.print_paths(snapshot.run_snapshot(args.run_dir, args.out_dir, step=args.step, modules=args.modules))
 
 
 def _lm_eval(args: argparse.Namespace) -> int:
@@ -82,14 +79,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "head in chunks, FP64 sums) and write a JSON result plus per-sequence sums, with bootstrap or "
         "evaluation-order intervals.",
     )
-    p.add_argument("--run-dir", required=True, help="the training run directory")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-    p.add_argument(
-        "--policy",
-        required=True,
-        choices=["bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen"],
-        help="activation-reference policy (numerics spec section 4)",
-    )
+    argtypes.add_checkpoint_options(p, policy=True)
     p.add_argument("--orders", type=int, default=1, help="evaluation orders (cold_d50_replay only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the extra orders and the bootstrap")
     p.add_argument("--bootstrap-samples", type=int, default=2000, help="sequence-bootstrap resamples")
@@ -103,8 +93,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="One training-mode forward and backward of the first held-out sequence (no update); write "
         "counts.csv, histograms.csv and provenance.json (experiments spec section 7).",
     )
-    p.add_argument("--run-dir", required=True, help="the training run directory")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    argtypes.add_checkpoint_options(p, policy=False)
     p.add_argument(
         "--modules", nargs="+", default=None, help="fnmatch patterns of linears (default: last 4 down projections)"
     )
@@ -118,14 +107,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "--model ue5m3 in lm-eval's fixed request order (one batch = one work unit) and write a JSON result with "
         "per-task MC/RC scores, the paper's aggregates and provenance.",
     )
-    p.add_argument("--run-dir", required=True, help="the training run directory")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-    p.add_argument(
-        "--policy",
-        required=True,
-        choices=["bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen"],
-        help="activation-reference policy (numerics spec section 4)",
-    )
+    argtypes.add_checkpoint_options(p, policy=True)
     p.add_argument("--tasks-dir", required=True, help="task dir shared by all runs (built here when missing)")
     p.add_argument(
         "--tasks",

@@ -56,9 +56,7 @@ def _fit_emulator(args: argparse.Namespace) -> int:
     paths = fit_emulator(args.corpus, args.oracle, args.out, candidates=candidates)
     summary = json.loads(paths["summary.json"].read_text())
     print(f"identified: {summary['identified'] or 'none'}; best: {summary['best']}")
-    for name, path in paths.items():
-        print(f"{name}: {path}")
-    return 0
+    return argtypes.print_paths(paths)
 
 
 def _parity(args: argparse.Namespace) -> int:
@@ -77,9 +75,7 @@ def _grid_control(args: argparse.Namespace) -> int:
 
     cfg = argtypes.load_stage_config(grid_control.GridControlConfig, args.config)
     paths = grid_control.write(grid_control.run(cfg), args.out_dir)
-    for name, path in paths.items():
-        print(f"{name}: {path}")
-    return 0
+    return argtypes.print_paths(paths)
 
 
 def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
