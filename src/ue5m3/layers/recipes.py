@@ -16,9 +16,10 @@ except that RHT only ever applies to the two wgrad slots, and a :class:`TargetOv
 the paper's 8B recipe sets T = 2048 only for the wgrad dY^T operand of the late MLP down projections, while dY in
 dgrad, activations and weights of those modules keep T = 448.
 
-The named recipes ship as YAML files in ``ue5m3/recipe_files`` (:func:`get`, :func:`names`); users copy and edit
-them and read them back with :func:`load`. Loading is strict (style rule 6): unknown and missing keys, wrong types
-and unknown enum values are refused with the key path and the source file in the message (style rule 14).
+The named recipes ship as YAML files in ``ue5m3/layers/recipe_files`` (:func:`get`, :func:`names`); users copy
+and edit them and read them back with :func:`load`. Loading is strict (style rule 6, :func:`ue5m3.config.load`):
+unknown and missing keys, wrong types and unknown enum values are refused with the key path and the source file in
+the message (style rule 14).
 """
 
 from __future__ import annotations
@@ -447,7 +448,7 @@ def names() -> list[str]:
 @cache
 def _get(name: str) -> Recipe:
     resource = _recipe_dir().joinpath(f"{name}.yaml")
-    source = f"ue5m3/recipe_files/{name}.yaml"
+    source = f"ue5m3/layers/recipe_files/{name}.yaml"
     recipe = Recipe.from_dict(config.read_yaml(resource), source=source)
     if recipe.name != name:
         raise ValueError(f"{source}: name: the file's recipe is named {recipe.name!r}, expected {name!r}")
