@@ -182,7 +182,7 @@ def test_paper_sized_gemm_runs_within_bounded_memory(tmp_path):
     script = tmp_path / "big_gemm.py"
     script.write_text(
         "import json, resource, torch\n"
-        "from ue5m3 import gemm\nfrom ue5m3.numerics.quantize import quantize\n"
+        "from ue5m3.numerics import gemm\nfrom ue5m3.numerics.quantize import quantize\n"
         "torch.manual_seed(0)\n"
         "a = quantize(torch.randn(8192, 2048), 'ue5m3_b16')\n"
         "b = quantize(torch.randn(2048, 6144), 'ue5m3_b16', two_d=True)  # W^T tiles, as in fprop\n"
