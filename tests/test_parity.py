@@ -155,6 +155,8 @@ def test_c_kernel_and_torch_path_train_bit_identically(tmp_path):
         report = parity.run(_config(tmp_path), "emulated:probe_matched", "emulated:probe_matched:torch", steps=3)
     assert gemm_calls.call_count > 0 and quantize_calls.call_count > 0  # backend A really used the kernel
     assert [e["cpu_kernel"] for e in report.executions] == [True, False]
+    assert [e["backend"] for e in report.executions] == ["emulated:probe_matched", "emulated:probe_matched:torch"]
+    assert [e["numerics_backend"] for e in report.executions] == ["auto", "torch"]
     assert report.first_difference is None, report.to_dict()["tensors"]
     assert report.bitwise_equal and report.losses_equal and len(report.losses_a) == 3
     groups = report.groups

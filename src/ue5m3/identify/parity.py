@@ -322,6 +322,8 @@ def _run_backend(
             and device.type == "cpu"
             and cpu_kernel.available()
         )
+    # "backend" names the parity side (its spec); the numerics backend it ran with stays beside it
+    execution["numerics_backend"] = execution.pop("backend")
     return {**first, **trained}, losses, {"backend": backend.spec, **execution}
 
 
