@@ -1,7 +1,9 @@
 """GEMM output models against a scalar reference in exact rational arithmetic (fractions)."""
 
+import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,32 +36,57 @@ def reference_probe_matched(a_q, b_q, width=64, rounding="rtz", grid=1024):
     return torch.tensor(out, dtype=torch.float32)
 
 
+def _significand_exponent(x: float, min_exponent: int) -> tuple[float, int]:
+    """MMA-Sim's extract_significand_exponent: 1 <= |s| < 2 above the minimum exponent, (0, -126) for zero."""
+    significand, exponent = math.frexp(x)
+    significand, exponent = significand * 2, exponent - 1
+    if exponent < min_exponent:
+        significand *= 2.0 ** (exponent - min_exponent)
+        exponent = min_exponent
+    if significand == 0.0:
+        exponent = -126
+    return significand, exponent
+
+
+def mma_sim_instruction(a, b, c, scale_a, scale_b, min_a, min_b, block) -> float:
+    """Transcription of MMA-Sim's nv_fused_dot_add_with_block_scale for k = 64 (35 fraction bits): Python floats,
+    the reference's own arithmetic (sub-block sums exact, truncations with math.trunc, RZ output)."""
+    sc, ec = _significand_exponent(c, -126)
+    significands, exponents = [sc], [ec]
+    for k in range(0, 64, 16):
+        s = sum(x * y for x, y in zip(a[k : k + 16], b[k : k + 16], strict=True))
+        s0, e0 = _significand_exponent(scale_a[k // block], min_a)
+        s1, e1 = _significand_exponent(scale_b[k // block], min_b)
+        significands.append(s * s0 * s1)
+        exponents.append(e0 + e1)
+    top = max(exponents)
+    total = sum(math.trunc(s * 2.0 ** (35 + e - top)) * 2.0**-35 for s, e in zip(significands, exponents, strict=True))
+    s, e = _significand_exponent(total * 2.0**top, -126)
+    s = math.trunc(s * 2.0**23) * 2.0**-23
+    with np.errstate(over="ignore"):
+        return float(np.float32(s * 2.0**e))
+
+
 def reference_mma_sim(a_q, b_q):
-    a, b = _encoded(a_q, True), _encoded(b_q, False)
-    alpha = Fraction(float(gemm.alpha(a_q, b_q)))
+    """The GEMM as a chain of MMA-Sim instructions along K (D fed back as C), then times alpha in FP32."""
+    block = a_q.scheme.block_size
+    pa, sa = a_q.payload.tolist(), a_q.scales.tolist()
+    pb, sb = b_q.payload.T.tolist(), b_q.scales.T.tolist()
+    if b_q.layout.two_d:
+        sb = b_q.scales.repeat_interleave(block, 1).T.tolist()
+    min_a, min_b = a_q.scheme.scale.min_exponent, b_q.scheme.scale.min_exponent
+    alpha = np.float32(float(gemm.alpha(a_q, b_q)))
     out = []
-    for row in a:
+    for row, row_scales in zip(pa, sa, strict=True):
         out_row = []
-        for col in b:
-            acc = Fraction(0)
+        for col, col_scales in zip(pb, sb, strict=True):
+            acc = 0.0
             for j in range(0, len(row), 64):
-                terms = [
-                    sum(x * y for x, y in zip(row[i : i + 16], col[i : i + 16], strict=True))
-                    for i in range(j, j + 64, 16)
-                ]
-                terms.append(acc)
-                nonzero = [abs(t) for t in terms if t != 0]
-                if not nonzero:
-                    acc = Fraction(0)
-                    continue
-                top = max(nonzero)
-                exponent = top.numerator.bit_length() - top.denominator.bit_length()
-                if Fraction(2) ** exponent > top:
-                    exponent -= 1
-                quantum = Fraction(2) ** (exponent - 35)
-                total = sum(int(t / quantum) * quantum for t in terms)  # int() truncates toward zero
-                acc = _fp32(total, "rtz")
-            out_row.append(float(_fp32(acc * alpha)))
+                sub = slice(j // block, (j + 64) // block)
+                acc = mma_sim_instruction(
+                    row[j : j + 64], col[j : j + 64], acc, row_scales[sub], col_scales[sub], min_a, min_b, block
+                )
+            out_row.append(float(np.float32(acc) * alpha))
         out.append(out_row)
     return torch.tensor(out, dtype=torch.float32)
 
@@ -113,9 +140,73 @@ def test_probe_matched_exact_path_handles_huge_exponent_gaps_inside_a_slice(monk
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("spread", [0.0, 10.0])
-def test_mma_sim_equals_exact_rational_reference(seed, spread):
-    a_q, b_q = _operands(seed, spread=spread)
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4"])
+def test_mma_sim_equals_the_transcription_of_mma_sims_code(seed, spread, scheme):
+    a_q, b_q = _operands(seed, scheme=scheme, spread=spread)
     assert torch.equal(gemm.matmul(a_q, b_q, "mma_sim"), reference_mma_sim(a_q, b_q))
+
+
+def _mx_operands(a_blocks, b_blocks):
+    """MXFP4 operands [1, K] and [K, 1] from (payload list, scale exponent) per 32-block: each block gets one
+    element of magnitude 6 where the other operand is zero, so the OCP floor rule gives exactly scale 2^e."""
+    def build(blocks, spare):
+        values = []
+        for payload, e in blocks:
+            block = list(payload) + [0.0] * (32 - len(payload))
+            block[spare] = 6.0
+            values += [v * 2.0**e for v in block]
+        return torch.tensor(values, dtype=torch.float32)
+
+    a, b = build(a_blocks, 30), build(b_blocks, 31)  # spare slots 30 (A) and 31 (B) meet zeros
+    return quantize(a[None, :], "mxfp4"), quantize(b[:, None], "mxfp4", axis=0)
+
+
+def _ones_at(*positions, value=1.0):
+    out = [0.0] * 30
+    for p in positions:
+        out[p] = value
+    return out
+
+
+def test_mma_sim_aligns_on_scale_exponents_not_leading_bits():
+    """Two sub-block sums of +8 and -8 at scale exponent -20 (unnormalised: their leading bit is -17) cancel. The
+    quantum is 2^(-20-35) = 2^-55, so a small block's term 2^-54 survives; aligning on the leading bits (2^-52)
+    would truncate it to zero."""
+    cancel = [1.0] * 8 + [0.0] * 8 + [-1.0] * 8 + [0.0] * 6
+    a_q, b_q = _mx_operands([(cancel, -20), (_ones_at(0, value=0.5), -52)], [([1.0] * 30, 0), (_ones_at(0, value=0.5), 0)])
+    got = gemm.matmul(a_q, b_q, "mma_sim")
+    assert torch.equal(got, reference_mma_sim(a_q, b_q))
+    assert float(got) == 2.0**-54
+
+
+def test_mma_sim_zero_sum_sub_block_still_sets_the_alignment():
+    """A sub-block whose products cancel to zero at scale exponent 20 sets the quantum to 2^-15, so a tiny block
+    (2^-22) beside it is truncated away; ignoring zero terms would keep it."""
+    a_blocks = [(_ones_at(0, 1, value=1.0), 20), (_ones_at(0, value=1.0), -22)]
+    a_blocks[0] = ([1.0, -1.0] + [0.0] * 28, 20)
+    b_blocks = [([1.0, 1.0] + [0.0] * 28, 0), (_ones_at(0), 0)]
+    a_q, b_q = _mx_operands(a_blocks, b_blocks)
+    got = gemm.matmul(a_q, b_q, "mma_sim")
+    assert torch.equal(got, reference_mma_sim(a_q, b_q))
+    assert float(got) == 0.0
+    kept = _mx_operands([([0.0] * 30, 0), (_ones_at(0, value=1.0), -22)], [([0.0] * 30, 0), (_ones_at(0), 0)])
+    assert float(gemm.matmul(*kept, "mma_sim")) == 2.0**-22  # the zero block at scale 1 truncates nothing here
+
+
+def test_mma_sim_sums_32_element_mxfp4_blocks_as_two_16_element_sub_blocks():
+    """C = 2 (first instruction), then -1 products at elements 0 and 16 of one 32-block with scale 2^-35: each
+    16-half is -2^-35, half a quantum (2^-34), truncated to 0 on its own -> exactly 2.0; one 32-element term
+    would be -2^-34, one quantum, giving 2 - 2^-23 after RTZ."""
+    first = ([2.0] + [0.0] * 29, 0)
+    a_blocks = [first, (_ones_at(), 0), (_ones_at(0, 16, value=-1.0), -35), (_ones_at(), 0)]
+    b_blocks = [(_ones_at(0), 0), (_ones_at(), 0), (_ones_at(0, 16), 0), (_ones_at(), 0)]
+    a_q, b_q = _mx_operands(a_blocks, b_blocks)
+    got = gemm.matmul(a_q, b_q, "mma_sim")
+    assert torch.equal(got, reference_mma_sim(a_q, b_q))
+    assert float(got) == 2.0
+    together = [first, (_ones_at(), 0), (_ones_at(0, 1, value=-1.0), -35), (_ones_at(), 0)]
+    b_together = [(_ones_at(0), 0), (_ones_at(), 0), (_ones_at(0, 1), 0), (_ones_at(), 0)]
+    assert float(gemm.matmul(*_mx_operands(together, b_together), "mma_sim")) == float(np.float32(2 - 2.0**-23))
 
 
 def test_decoded_and_encoded_models_agree_with_their_definitions():

@@ -76,12 +76,18 @@ def test_exact_candidates_equal_probe_matched_gemm(scheme: str, width: int, roun
     assert torch.equal(out.view(torch.int32), full.reshape(-1).view(torch.int32))
 
 
-def test_fused35_equals_mma_sim_gemm() -> None:
-    a_q, b_q = _operands("nvfp4", 9, 512, 7, seed=3)
-    full = gemm.matmul(a_q, b_q, "mma_sim")
+def test_fused35_is_the_leading_bit_reading_not_mma_sims_scale_exponent_alignment() -> None:
+    """Sub-block sums +8 and -8 at scale 2^-20 cancel beside a term 2^-54: w64-fused35-rtz aligns on the terms'
+    leading bits and truncates it; MMA-Sim (gemm's mma_sim) aligns on the scale exponents and keeps it."""
+    a = torch.zeros(1, 64)
+    a[0, :8], a[0, 16:24], a[0, 30] = 2.0**-20, -(2.0**-20), 6 * 2.0**-20
+    a[0, 32], a[0, 62] = 0.5 * 2.0**-52, 6 * 2.0**-52
+    b = torch.zeros(64, 1)
+    b[:30, 0], b[31, 0], b[32, 0], b[63, 0] = 1.0, 6.0, 0.5, 6.0
+    a_q, b_q = quantize(a, "mxfp4"), quantize(b, "mxfp4", axis=0)
     products = a_q.encoded().double()[:, None, :] * b_q.encoded().double().T[None, :, :]
-    out = accumulate_cells(products.reshape(-1, 512), parse("w64-fused35-rtz"), block=16) * gemm.alpha(a_q, b_q)
-    assert torch.equal(out.view(torch.int32), full.reshape(-1).view(torch.int32))
+    fused = accumulate_cells(products.reshape(-1, 64), parse("w64-fused35-rtz"), block=16)
+    assert float(fused) == 0.0 and float(gemm.matmul(a_q, b_q, "mma_sim")) == 2.0**-54
 
 
 # ----- scalar reference in exact rationals -----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ue5m3.numerics.kernels import cpu as cpu_kernel
 from ue5m3.numerics.quantize import (
     SCHEMES,
     BlockScheme,
+    DequantizeOrder,
     ScaleOrder,
     ScaleRule,
     get_scheme,
@@ -125,7 +126,7 @@ def ue5m3_reference(x: np.ndarray, block: int, target: float, g: float, rounding
                 for j, v in enumerate(blk):
                     p = _e2m1(np.clip(v * mult, F32(-6), F32(6)))  # step 7 (clip = saturation, same result)
                     out.payload[r, b * block + j] = p
-                    out.dequantized[r, b * block + j] = p * s
+                    out.dequantized[r, b * block + j] = (p * code) * inv_g  # the paper's kernel: encoded * (1/G)
                 out.scales[r, b], out.decode_scales[r, b] = code, s
     return out
 
@@ -137,6 +138,7 @@ def nvfp4_reference(x: np.ndarray, amax: float, order: str = "te") -> Reference:
     s_enc = _global_scale(448.0, amax)
     s_dec = F32(1) / s_enc
     inv6 = F32(1) / F32(6)
+    factor_inv = F32(1) / (F32(6) * F32(448))  # TE's constexpr 1.0f / (6.0f * E4M3_MAX)
     nb = cols // 16
     out = Reference(np.zeros((rows, nb), F32), np.zeros((rows, nb), F32), np.zeros_like(x), np.zeros_like(x), 0, 0)
     with np.errstate(over="ignore"):
@@ -159,7 +161,8 @@ def nvfp4_reference(x: np.ndarray, amax: float, order: str = "te") -> Reference:
                 for j, v in enumerate(blk):
                     p = _e2m1(np.clip(v * enc, F32(-6), F32(6)))
                     out.payload[r, b * 16 + j] = p
-                    out.dequantized[r, b * 16 + j] = p * s * amax / F32(6 * 448)  # TE's form, left to right
+                    # TE's dequantize kernel: final_scale = (s * amax) * factor_inv; out = q * final_scale
+                    out.dequantized[r, b * 16 + j] = p * ((s * amax) * factor_inv)
                 out.scales[r, b], out.decode_scales[r, b] = s, dec
     return out
 
@@ -232,16 +235,16 @@ def test_public_api_shapes_follow_the_input_with_blocked_axes_divided(scheme, la
     expected = scale_shape(shape, b)
     assert tuple(q.scales.shape) == tuple(q.scale_codes.shape) == tuple(q.decode_scales.shape) == expected
     assert torch.equal(formats.decode(q.scale_codes, q.scheme.scale), q.scales)
-    # dequantized = payload * S (NVFP4: TE's payload * s * amax / 2688), with S broadcast over each block
-    s = q.scales if scheme == "nvfp4" else q.decode_scales
+    # dequantized: UE5M3 (payload * code) * (1/G); NVFP4 TE's payload * ((s * amax) * fp32(1/2688))
+    s = q.scales
     if kwargs.get("two_d"):
         s_full = s.repeat_interleave(b, 0).repeat_interleave(b, 1)
     else:
         s_full = s.repeat_interleave(b, dim=kwargs.get("axis", -1))
     if scheme == "nvfp4":
-        expected_deq = q.payload * s_full * q.tensor_amax / torch.tensor(2688.0)
+        expected_deq = q.payload * ((s_full * q.tensor_amax) * (torch.tensor(1.0) / torch.tensor(2688.0)))
     else:
-        expected_deq = q.payload * s_full
+        expected_deq = (q.payload * s_full) * q.global_decode_scale
     assert_bits_equal(deq, expected_deq, "dequantize")
     assert q.diagnostics()["blocks"] == math.prod(expected)
 
@@ -289,14 +292,55 @@ def test_nvfp4_scale_order_variants_match_their_scalar_references(order, backend
     assert_matches_reference(quantize(torch.from_numpy(x), scheme, backend=backend), nvfp4_reference(x, g, order))
 
 
-def test_nvfp4_dequantizes_as_q_times_s_times_amax_over_2688():
+def test_nvfp4_dequantizes_in_te_kernel_order_and_offers_the_te_tests_order():
+    """TE's dequantize_nvfp4.cuh: q * ((s * amax) * factor_inv); TE's PyTorch tests: (q * s) * (amax / 2688)."""
     x = hard_tensor(seed=5)
     amax = F32(np.abs(x).max())
     q = quantize(torch.from_numpy(x), "nvfp4")
     s = np.repeat(np_of(q.scales), 16, axis=1)
+    factor_inv = F32(1) / (F32(6) * F32(448))
     with np.errstate(under="ignore"):
-        expected = np_of(q.payload) * s * amax / F32(6 * 448)  # left to right in FP32
-    assert_bits_equal(q.dequantize(), expected, "TE dequantization")
+        kernel = np_of(q.payload) * ((s * amax) * factor_inv)
+        tests_order = (np_of(q.payload) * s) * (amax / F32(2688))
+    assert_bits_equal(q.dequantize(), kernel, "TE kernel dequantization")
+    scheme = dataclasses.replace(get_scheme("nvfp4"), dequantize_order=DequantizeOrder.TE_TESTS)
+    assert_bits_equal(quantize(torch.from_numpy(x), scheme).dequantize(), tests_order, "TE tests dequantization")
+    # the two orders and the old ((q * s) * amax) / 2688 do differ on ordinary values
+    with np.errstate(under="ignore"):
+        old = ((np_of(q.payload) * s) * amax) / F32(2688)
+    assert not np.array_equal(kernel.view(np.int32), tests_order.view(np.int32)) or not np.array_equal(
+        kernel.view(np.int32), old.view(np.int32)
+    )
+
+
+@pytest.mark.parametrize("order", list(DequantizeOrder))
+@pytest.mark.parametrize("amax", [1.27e35, 2e35, 7.6e35, 1e36, 1e38, float(FP32_MAX)])
+def test_nvfp4_dequantization_is_finite_for_huge_finite_tensor_amax(amax, order):
+    """((q*s)*g)/2688 overflowed once g > FP32max/2688; TE's kernel order once g > FP32max/448. Every order here
+    stays finite, and where TE's FP32 arithmetic is finite the result is TE's."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 64)) * 0.1).astype(F32)
+    x[0, 0] = F32(amax)
+    x[1, 17] = F32(-amax * 0.7)
+    scheme = dataclasses.replace(get_scheme("nvfp4"), dequantize_order=order)
+    deq = quantize(torch.from_numpy(x), scheme).dequantize()
+    assert torch.isfinite(deq).all()
+    assert float(deq[0, 0]) == pytest.approx(float(F32(amax)), rel=0.02)
+
+
+def test_te_kernel_dequantization_equals_te_where_te_is_finite_and_is_wide_range_exact_beyond():
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((2, 32)) * 1e34).astype(F32)  # amax ~ 3e34: (s * amax) stays finite in FP32
+    q = quantize(torch.from_numpy(x), "nvfp4")
+    s = np.repeat(np_of(q.scales), 16, axis=1)
+    amax = F32(np.abs(x).max())
+    factor_inv = F32(1) / F32(2688)
+    assert_bits_equal(q.dequantize(), np_of(q.payload) * ((s * amax) * factor_inv), "finite range")
+    big = x * F32(1e4)  # amax ~ 3e38: s * amax overflows FP32; the same roundings 2^64 lower, scaled back
+    qb = quantize(torch.from_numpy(big), "nvfp4")
+    sb, ab = np.repeat(np_of(qb.scales), 16, axis=1), F32(np.abs(big).max())
+    low = (sb * (ab * F32(2.0**-64))) * factor_inv
+    assert_bits_equal(qb.dequantize(), np_of(qb.payload) * (low * F32(2.0**64)), "wide range")
 
 
 # ----- tricky cases from the spec ------------------------------------------------------------------------
@@ -756,13 +800,39 @@ def test_non_finite_input_raises_naming_the_tensor(scheme, bad, backend):
             quantize(x, scheme, tensor_amax=tensor_amax, name="layers.3.dY", backend=backend)
 
 
-def test_blocked_axis_must_be_a_multiple_of_the_block_size():
-    with pytest.raises(ValueError, match="multiple of the block size 16"):
-        quantize(torch.ones(4, 40), "nvfp4", name="w")
-    with pytest.raises(ValueError, match="multiple"):
-        quantize(torch.ones(40, 32), "ue5m3_b32", axis=0)
-    with pytest.raises(ValueError, match="tile"):
-        quantize(torch.ones(32, 40), "ue5m3_b16", two_d=True)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("scheme", "shape", "kwargs"),
+    [
+        ("nvfp4", (33, 40), {}),
+        ("nvfp4", (40, 33), {"axis": 0}),
+        ("nvfp4", (33, 47), {"two_d": True}),
+        ("ue5m3_b16", (5, 3, 21), {"axis": 1}),
+        ("ue5m3_b32", (7, 33), {"two_d": True}),
+        ("mxfp4", (3, 70), {}),
+    ],
+)
+def test_ragged_shapes_are_zero_padded_to_whole_blocks_as_transformer_engine_does(scheme, shape, kwargs, backend):
+    """TE's reference pads rows/columns with zeros before the block amax (global amax from the unpadded tensor,
+    which zeros do not change), quantizes, crops the data and keeps the padded scale grid."""
+    x = torch.from_numpy(np.random.default_rng(len(shape)).standard_normal(shape).astype(F32))
+    b = get_scheme(scheme).block_size
+    padded_shape = list(shape)
+    axes = [0, 1] if kwargs.get("two_d") else [kwargs.get("axis", -1) % len(shape)]
+    for a in axes:
+        padded_shape[a] = -(-shape[a] // b) * b
+    padded = torch.zeros(padded_shape)
+    padded[tuple(slice(0, n) for n in shape)] = x
+    q, qp = quantize(x, scheme, backend=backend, **kwargs), quantize(padded, scheme, backend=backend, **kwargs)
+    crop = tuple(slice(0, n) for n in shape)
+    assert q.payload.shape == x.shape and q.dequantize().shape == x.shape
+    assert torch.equal(q.scales, qp.scales) and torch.equal(q.tensor_amax, qp.tensor_amax)
+    assert_bits_equal(q.payload, qp.payload[crop], "payload")
+    assert_bits_equal(q.dequantize(), qp.dequantize()[crop], "dequantized")
+    if scheme == "nvfp4" and not kwargs:  # and against the scalar TE transcription on the padded tensor
+        ref = nvfp4_reference(np_of(padded), float(np.abs(np_of(x)).max()))
+        assert_bits_equal(q.scales, ref.scales, "scales")
+        assert_bits_equal(q.payload, ref.payload[crop], "payload")
 
 
 def test_2d_tiles_need_a_2d_tensor():
@@ -835,8 +905,10 @@ def test_dequantized_magnitudes_are_bounded_by_six_times_the_block_scale(scheme,
     q = quantize(x, scheme, tensor_amax=g, backend="torch")
     b = get_scheme(scheme).block_size
     deq = q.dequantize().reshape(2, 4, b).abs()
-    if scheme == "nvfp4":  # TE's dequantization: payload * s * amax / 2688, monotone in the payload
-        bound = 6 * q.scales.reshape(2, 4, 1) * q.tensor_amax / torch.tensor(2688.0)
+    if scheme == "nvfp4":  # TE's dequantization: payload * ((s * amax) * (1/2688)), monotone in the payload
+        bound = 6 * ((q.scales.reshape(2, 4, 1) * q.tensor_amax) * (torch.tensor(1.0) / torch.tensor(2688.0)))
+    elif q.scheme.scale_rule is ScaleRule.TENSOR_SCALED:  # the paper's (payload * code) * (1/G)
+        bound = (6 * q.scales.reshape(2, 4, 1)) * q.global_decode_scale
     else:
         bound = 6 * q.decode_scales.reshape(2, 4, 1)
     assert torch.all(deq <= bound)

@@ -20,15 +20,16 @@ output cell (gemm spec sections 2-3), with five parameters:
 With b + 1 + log2(terms per step) <= 24 every fused sum fits FP32 exactly, so the ``rne`` and ``rtz`` twins of such
 a candidate are the same model: the fitter reports both as identified.
 
-The paper's probe-matched model is ``w64-exact-rtz-g1024``; MMA-Sim's is ``w64-fused35-rtz``. Candidates are
+The paper's probe-matched model is ``w64-exact-rtz-g1024``; ``w64-fused35-rtz`` is the leading-bit reading of a
+64-wide, 35-bit fused Blackwell step (:data:`MMA_SIM` keeps that name for it). Candidates are
 named by a canonical string (:attr:`Candidate.name`, :func:`parse`), which is how configs and tables spell them.
 
 Exactness: products of two FP32 operands are exact in FP64; exact slice sums use the superaccumulator of
 :mod:`ue5m3.numerics.exact` (correct for any exponent spread); fused steps are
 :func:`ue5m3.numerics.gemm.fused_step`, which sums truncated terms of at most b + 1 significant bits exactly in
 FP64 and refuses step sizes where that could fail (b + 1 + log2(terms) > 53). tests/test_identify_candidates.py pins
-``w64-exact-*`` to :func:`ue5m3.numerics.gemm.matmul` ``probe_matched`` and ``w64-fused35-rtz`` to its ``mma_sim``, and
-every candidate to a scalar reference in ``fractions``.
+``w64-exact-*`` to :func:`ue5m3.numerics.gemm.matmul` ``probe_matched`` and every candidate to a scalar reference
+in ``fractions``.
 """
 
 from __future__ import annotations

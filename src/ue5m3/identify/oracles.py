@@ -1,8 +1,8 @@
 """Oracles: whatever computes the reference outputs of probe GEMMs, behind one interface.
 
 * :class:`EmulatorOracle`: a software output model with hidden parameters, for self-tests and the CPU pipeline.
-  Candidates that :func:`ue5m3.numerics.gemm.matmul` implements (``probe_matched`` and ``mma_sim`` families) run through
-  it on the whole GEMM -- an implementation independent of the fitter's cell-wise one; others run cell-wise.
+  Candidates that :func:`ue5m3.numerics.gemm.matmul` implements (the ``probe_matched`` family) run through it on
+  the whole GEMM -- an implementation independent of the fitter's cell-wise one; others run cell-wise.
 * :class:`RecordedOracle`: replays outputs saved by :func:`record` (from any oracle, e.g. on a GPU node), tied
   to the corpus by its SHA-256, so a fit is reproducible offline.
 * :class:`HopperFP8Oracle`: ``torch._scaled_mm`` with FP8 E4M3 operands and unit per-tensor scales on an
@@ -82,9 +82,7 @@ class EmulatorOracle:
                 "cross_slice_rounding": c.rounding,
                 "final_grid": c.final_grid,
             }
-        if (c.slice_width, c.partial_bits, c.rounding.value, c.final_grid) == (64, 35, "rtz", None):
-            return {"model": "mma_sim", "slice_width": 64}
-        return None
+        return None  # fused candidates align on leading bits: gemm's mma_sim aligns on scale exponents
 
     def outputs(self, probe: Probe) -> torch.Tensor:
         kwargs = self._gemm_kwargs()

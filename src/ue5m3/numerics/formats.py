@@ -12,14 +12,19 @@ a power-of-two scaling), decide between floor(s) and floor(s) + 1, saturate at t
 * ``rne``  round to nearest, ties to even;
 * ``rtz``  round toward zero;
 * ``sf``   "StochasticFast", the paper's 8-bit-midpoint stochastic rounding: r uniform in {0..255}, round away
-  iff delta + (2r + 1)/512 >= 1, so P(up) is delta rounded to the nearest 1/256;
-* ``sr_te`` Transformer Engine's software SR with 8 random bits: t = |x| + (r/256) * quantum, floored onto the
-  grid, so P(up) = floor(256 delta)/256 (biased toward zero by less than 1/256);
+  iff delta + (2r + 1)/512 >= 1 with the sum formed by one addition in the working precision, as the paper's
+  kernel does (MrHuff/ue5m3-fp4 ``backends/triton/_rounding.py``): P(up) is delta rounded to the nearest 1/256,
+  except that near the threshold the rounded sum can reach 1 where exact arithmetic would not;
+* ``sr_te`` Transformer Engine's software SR with 8 random bits (``stochastic_round_fp4_e2m1`` in TE's
+  ``common/util/ptx.cuh``): t = fma(r/256, step(|x|), |x|) as one fused multiply-add, then t floored onto the
+  grid in units of step(t); P(up) = floor(256 delta)/256 up to the fma's rounding;
 * ``sr``   full-precision Bernoulli SR: 53 random bits, P(up) = delta (exactly whenever delta is a multiple of
   2^-53, which holds for every input whose quantum is at least 2^-53 of its grid spacing).
 
-Random bits are either passed explicitly (``random_bits``, one integer per element, for bit-exact tests) or
-drawn from a ``torch.Generator``; nothing here holds hidden state.
+Random bits are either passed explicitly (``random_bits``, one integer per element, for bit-exact tests) or drawn
+from Philox4x32-10 (:mod:`ue5m3.numerics.philox`) keyed by a :class:`~ue5m3.numerics.philox.RandomStream` and the
+elements' global indices; without a stream, a fresh one is seeded from a ``torch.Generator``. Nothing here holds
+hidden state.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from enum import StrEnum
 from fractions import Fraction
 
 import torch
+
+from ue5m3.numerics import philox
 
 __all__ = [
     "FloatFormat",
@@ -51,6 +58,8 @@ __all__ = [
     "decode",
     "random_bits_for",
     "check_random_bits",
+    "anonymous_stream",
+    "fma_fp32",
     "round_magnitude",
 ]
 
@@ -258,39 +267,86 @@ def check_finite(x: torch.Tensor, name: str) -> None:
 
 
 def random_bits_for(
-    shape: torch.Size | tuple[int, ...], mode: Rounding | str, generator: torch.Generator | None = None
+    shape: torch.Size | tuple[int, ...],
+    mode: Rounding | str,
+    generator: torch.Generator | None = None,
+    *,
+    stream: philox.RandomStream | None = None,
+    index: philox.ElementIndex | None = None,
 ) -> torch.Tensor | None:
-    """Draw the random integers a stochastic mode consumes (None for deterministic modes)."""
+    """The random integers a stochastic mode consumes (None for deterministic modes): Philox bits of ``stream``
+    (a fresh stream seeded from ``generator`` when None) at the elements' global indices."""
     count = Rounding(mode).random_bit_count
     if count == 0:
         return None
-    return torch.randint(0, 1 << count, tuple(shape), generator=generator, dtype=torch.int64)
+    if stream is None:
+        stream = anonymous_stream(generator)
+    return philox.random_bits(stream, tuple(shape), count, index=index)
+
+
+def anonymous_stream(generator: torch.Generator | None = None) -> philox.RandomStream:
+    """A fresh random stream for one rounding outside a run: its seed is 63 bits drawn from ``generator``."""
+    seed = int(torch.randint(0, 1 << 62, (), generator=generator, dtype=torch.int64))
+    return philox.RandomStream(seed=seed, role="anonymous")
 
 
 def _round_up_mask(
     delta: torch.Tensor, lower_code_odd: torch.Tensor, mode: Rounding, random_bits: torch.Tensor | None
 ) -> torch.Tensor:
-    """Where to round away from zero, given delta = s - floor(s) in [0, 1) and the parity of the lower code.
-
-    Every comparison is exact: thresholds are dyadic rationals compared against the exact FP32/FP64 delta,
-    so no addition can round (the spec's "delta + (2r+1)/512 >= 1" is evaluated as delta >= (511 - 2r)/512).
-    """
+    """Where to round away from zero, given delta = s - floor(s) in [0, 1) and the parity of the lower code
+    (``sr_te`` is not a threshold on delta; see :func:`_round_sr_te`)."""
     if mode is Rounding.RNE:
         return (delta > 0.5) | ((delta == 0.5) & lower_code_odd)
     if mode is Rounding.RTZ:
         return torch.zeros_like(delta, dtype=torch.bool)
     assert random_bits is not None
-    r = random_bits.to(torch.float64)
-    d = delta.to(torch.float64)
     if mode is Rounding.SF:
-        return d >= (511.0 - 2.0 * r) / 512.0
-    if mode is Rounding.SR_TE:
-        # t = |x| + (r/256) * quantum, floored onto the grid: up iff delta + r/256 >= 1.
-        return d >= (256.0 - r) / 256.0
+        # One addition in the working precision, as the paper's kernel: (2r+1)/512 is exact, the sum rounds.
+        midpoint = (2 * random_bits + 1).to(delta.dtype) * 2.0**-9
+        return (delta + midpoint) >= 1.0
     if mode is Rounding.SR:
         # Bernoulli(delta) with 53 random bits: up iff r < delta * 2^53 (both exact in FP64).
-        return r < torch.ldexp(d, torch.tensor(53, dtype=torch.int32))
+        r = random_bits.to(torch.float64)
+        return r < torch.ldexp(delta.to(torch.float64), torch.tensor(53, dtype=torch.int32))
     raise AssertionError(mode)
+
+
+def fma_fp32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Fused multiply-add a * b + c of FP32 tensors with one rounding (RNE), as C's ``fmaf`` and CUDA's fma.
+
+    The product of two FP32 values is exact in FP64; the FP64 sum and its TwoSum error are then rounded to FP32
+    with round-to-odd first, so no double rounding occurs (exact away from FP64 underflow and FP32 overflow).
+    """
+    product = a.to(torch.float64) * b.to(torch.float64)
+    c64 = c.to(torch.float64)
+    total = product + c64
+    virtual = total - product
+    error = (product - (total - virtual)) + (c64 - virtual)
+    bits = total.view(torch.int64)
+    toward = torch.where(error > 0, torch.full_like(total, math.inf), torch.full_like(total, -math.inf))
+    sticky = torch.where((error != 0) & ((bits & 1) == 0), torch.nextafter(total, toward), total)
+    return sticky.to(torch.float32)
+
+
+def _quantum_exponent(m: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Exponent of the grid spacing of ``fmt`` at magnitude m: max(floor(log2 m), min exponent) - fraction bits."""
+    _, exponent = torch.frexp(m)  # m = f * 2^exponent with f in [0.5, 1): floor(log2 m) = exponent - 1
+    exponent = torch.where(m == 0, fmt.min_exponent + 1, exponent)  # zero: frexp gives 0; it is below every binade
+    return torch.clamp(exponent - 1, min=fmt.min_exponent) - fmt.mantissa_bits
+
+
+def _round_sr_te(m: torch.Tensor, fmt: FloatFormat, random_bits: torch.Tensor) -> torch.Tensor:
+    """Transformer Engine's software SR: t = fma(r/256, step(m), m) in the working precision, then floor(t) in
+    units of step(t), capped at the max finite value (for E2M1 exactly TE's ``stochastic_round_fp4_e2m1``)."""
+    step = torch.ldexp(torch.ones_like(m), _quantum_exponent(m, fmt))
+    u = random_bits.to(m.dtype) * (1.0 / 256.0)  # exact: 8-bit integers over a power of two
+    if m.dtype == torch.float64:
+        t = u * step + m  # the product is exact (8 bits times a power of two): one rounding, as an fma
+    else:
+        t = fma_fp32(u, step, m)
+    quantum_t = _quantum_exponent(t, fmt)
+    value = torch.ldexp(torch.floor(torch.ldexp(t, -quantum_t)), quantum_t)
+    return torch.clamp(value, max=fmt.max_finite)
 
 
 def check_random_bits(
@@ -320,19 +376,19 @@ def round_magnitude(
     """Round non-negative finite magnitudes onto ``fmt``, saturated at its max finite value."""
     # Saturation after rounding equals clamping before it: rounding is monotone and max_finite is on the grid.
     m = torch.clamp(m, max=fmt.max_finite)
-    _, exponent = torch.frexp(m)  # m = f * 2^exponent with f in [0.5, 1): floor(log2 m) = exponent - 1
-    e = torch.clamp(exponent - 1, min=fmt.min_exponent)
-    quantum_exponent = e - fmt.mantissa_bits
-    s = torch.ldexp(m, -quantum_exponent)  # exact: a power-of-two scaling into [0, 2^(mantissa_bits + 1))
-    lower = torch.floor(s)
-    delta = s - lower  # exact
-    if fmt.mantissa_bits:
-        odd = torch.remainder(lower, 2) == 1  # the integer significand's last bit is the code's last bit
+    if mode is Rounding.SR_TE:
+        value = _round_sr_te(m, fmt, random_bits)
     else:
-        odd = torch.remainder(e + fmt.bias, 2) == 1  # no fraction bits: the code is the exponent field
-    up = _round_up_mask(delta, odd, mode, random_bits)
-    rounded = lower + up.to(lower.dtype)
-    value = torch.ldexp(rounded, quantum_exponent)
+        quantum_exponent = _quantum_exponent(m, fmt)
+        s = torch.ldexp(m, -quantum_exponent)  # exact: a power-of-two scaling into [0, 2^(mantissa_bits + 1))
+        lower = torch.floor(s)
+        delta = s - lower  # exact
+        if fmt.mantissa_bits:
+            odd = torch.remainder(lower, 2) == 1  # the integer significand's last bit is the code's last bit
+        else:
+            odd = torch.remainder(quantum_exponent + fmt.bias, 2) == 1  # no fraction bits: the code is the exponent
+        up = _round_up_mask(delta, odd, mode, random_bits)
+        value = torch.ldexp(lower + up.to(lower.dtype), quantum_exponent)
     if not fmt.has_zero:
         value = torch.clamp(value, min=fmt.min_positive)
     # Rounding up can carry past max_finite only onto a reserved code; saturate.

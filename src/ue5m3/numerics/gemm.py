@@ -10,9 +10,12 @@ B [K, N] quantized along K (``axis=0``), with equal block sizes. "Encoded" opera
   ``slice_width`` (64); each slice's dot product is the exact sum rounded once to FP32; slices are combined in K
   order with FP32 additions rounded toward zero (``cross_slice_rounding="rtz"``) or to nearest; the encoded
   accumulator is optionally snapped to a 1/``final_grid`` lattice with ties to even; then times alpha.
-* ``mma_sim``: MMA-Sim's bit-accurate model of Blackwell block-scaled MMA (arXiv 2511.10909): per 64-wide
-  instruction, the four exactly scaled 16-block sums and the accumulator are aligned to the largest exponent,
-  each truncated toward zero at 35 fractional bits below it, summed, and rounded once toward zero to FP32.
+* ``mma_sim``: Blackwell block-scaled MMA as MMA-Sim's code computes it (microsoft/MMA-Sim,
+  ``mmasim/simulator/arithmetic.py`` ``nv_fused_dot_add_with_block_scale`` with the k=64 parameters of
+  ``nv_ptx.py``; arXiv 2511.10909): per 64-wide instruction, four 16-element sub-block sums (16 also inside
+  32-element MXFP4 blocks), each exact and unnormalised, carried at the sum of its two scale exponents; the
+  accumulator and the four terms are aligned to the largest of those exponents and C's (a sub-block whose sum is
+  zero still counts), each truncated toward zero 35 bits below it, summed exactly and truncated to FP32.
 
 Exactness. Slice sums are computed with an FP64 matmul when every partial sum is provably exact in FP64 (the
 exponent span of the slice's products plus log2 of the slice width fits in 53 bits, checked per row of A and
@@ -41,6 +44,7 @@ __all__ = [
     "alpha",
     "matmul",
     "fused_step",
+    "mma_sim_step",
     "DEFAULT_TILE_ELEMENTS",
 ]
 
@@ -205,7 +209,8 @@ def fused_step(
 ) -> torch.Tensor:
     """One fused MMA step: the terms [n, ...] (FP64, exact) and the FP32 accumulator [...] are aligned to the
     largest leading bit among them, each truncated toward zero ``bits`` below it, summed exactly and rounded once
-    to FP32 (RTZ, or RNE). MMA-Sim's Blackwell step is ``bits=35`` over four scaled 16-block sums.
+    to FP32 (RTZ, or RNE): the leading-bit reading of a fused MMA step (identification candidates ``fused<b>``).
+    MMA-Sim's Blackwell instruction aligns on the scale exponents instead: :func:`mma_sim_step`.
 
     Raises:
         ValueError: the truncated terms could carry more than FP64's 53 bits in sum (bits + 1 + log2(n + 1)).
@@ -223,12 +228,57 @@ def fused_step(
     return rtz_fp64_to_fp32(total) if rounding is Rounding.RTZ else total.to(torch.float32)
 
 
-def _mma_sim_tile(a2, sa, b2, sb, block, width) -> torch.Tensor:
-    parts = _block_partials(a2, sa, b2, sb, block)  # [nb, M, N] exact FP64
-    per_instr = width // block
+MMA_SIM_SUB_BLOCK = 16  # MMA-Sim forms one term per 16 elements, also inside 32-element MXFP4 blocks
+MMA_SIM_FRACTION_BITS = 35  # kept below the largest exponent by Blackwell's k=64 FP4 instructions
+MMA_SIM_ZERO_EXPONENT = -126  # MMA-Sim's exponent of a zero significand (accumulator or scale), any dtype
+
+
+def _scale_exponents(scale: torch.Tensor, min_exponent: int) -> torch.Tensor:
+    """MMA-Sim's exponent of each block scale: floor(log2 s) clamped at the format's minimum normal exponent
+    (subnormal scales keep a significand below 1), and -126 for a zero scale (int64)."""
+    _, e = torch.frexp(scale.to(torch.float64))
+    e = torch.clamp(e.to(torch.int64) - 1, min=min_exponent)
+    return torch.where(scale == 0, torch.full_like(e, MMA_SIM_ZERO_EXPONENT), e)
+
+
+def mma_sim_step(terms: torch.Tensor, exponents: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """One Blackwell block-scaled MMA instruction as MMA-Sim computes it (``nv_fused_dot_add_with_block_scale``).
+
+    Args:
+        terms: [n, ...] exact FP64 sub-block sums with both block scales applied (16 products each).
+        exponents: [n, ...] int64 sums of the two block scales' exponents (the terms' alignment exponents,
+            not their leading bits: an unnormalised sub-block sum sits up to ~11 bits above it, and a sub-block
+            whose sum is zero still counts).
+        acc: [...] the FP32 accumulator C.
+
+    The largest of the exponents and C's (FP32 rules, zero -> -126) sets the quantum 2^(max - 35); C and every
+    term are truncated toward zero onto it, summed exactly, and the sum is truncated to FP32 (RTZ, subnormals
+    kept, +0 for zero, inf from 2^128 up).
+    """
+    acc64 = acc.to(torch.float64)
+    _, ec = torch.frexp(acc64)
+    ec = torch.clamp(ec.to(torch.int64) - 1, min=-126)
+    ec = torch.where(acc64 == 0, torch.full_like(ec, MMA_SIM_ZERO_EXPONENT), ec)
+    top = torch.maximum(exponents.amax(0), ec)
+    quantum = torch.ldexp(torch.ones_like(acc64), (top - MMA_SIM_FRACTION_BITS).to(torch.int32))
+    # every truncated term is an integer below 2^48 quanta: the FP64 sum is exact
+    total = torch.trunc(acc64 / quantum) * quantum + (torch.trunc(terms / quantum) * quantum).sum(0)
+    total = total + 0.0  # an exact zero is +0.0
+    out = rtz_fp64_to_fp32(total)
+    return torch.where(total.abs() >= 2.0**128, torch.copysign(torch.full_like(out, math.inf), out), out)
+
+
+def _mma_sim_tile(a2, sa, b2, sb, width, min_exp_a, min_exp_b) -> torch.Tensor:
+    sub = MMA_SIM_SUB_BLOCK
+    parts = _block_partials(a2, sa, b2, sb, sub)  # [K/16, M, N] exact FP64
+    m, k = a2.shape
+    exp_a = _scale_exponents(sa.reshape(m, k // sub, sub)[:, :, 0].T, min_exp_a)  # [K/16, M]
+    exp_b = _scale_exponents(sb.reshape(k // sub, sub, -1)[:, 0, :], min_exp_b)  # [K/16, N]
+    per_instr = width // sub
     acc = torch.zeros(parts.shape[1:], dtype=torch.float32, device=parts.device)
     for j in range(parts.shape[0] // per_instr):
-        acc = fused_step(parts[j * per_instr : (j + 1) * per_instr], acc, bits=35)
+        chunk = slice(j * per_instr, (j + 1) * per_instr)
+        acc = mma_sim_step(parts[chunk], exp_a[chunk, :, None] + exp_b[chunk, None, :], acc)
     return acc
 
 
@@ -295,10 +345,12 @@ def matmul(
     b2, sb = _blocked_along_k(b_q, "B", block)
     out = torch.empty(m, n, dtype=torch.float32, device=a2.device)
     if model is OutputModel.MMA_SIM:
-        rows_per_tile = max(1, tile_elements // max(n * (k // block), 1))
+        rows_per_tile = max(1, tile_elements // max(n * (k // MMA_SIM_SUB_BLOCK), 1))
         for r0 in range(0, m, rows_per_tile):
             rows = slice(r0, min(m, r0 + rows_per_tile))
-            out[rows] = _mma_sim_tile(a2[rows], sa[rows], b2, sb, block, slice_width)
+            out[rows] = _mma_sim_tile(
+                a2[rows], sa[rows], b2, sb, slice_width, a_q.scheme.scale.min_exponent, b_q.scheme.scale.min_exponent
+            )
         return out * scale
     slices = k // slice_width
     ops = {

@@ -11,11 +11,22 @@ block scale (numerics spec section 3):
   UE5M3 repairs scales that round to zero to 1.0 (``zero_scale_repair``); TE does not.
 * ``mx_floor`` -- OCP MXFP4: scale 2^(floor(log2 a_B) - 2) read from exponent bits, no tensor scale.
 * ``mx_ceil`` -- the alternative 2^(ceil(log2 a_B) - 2) (torchao's CEIL mode).
+* ``mx_rceil`` -- 2^ceil(log2(a_B * (1/6))), the exponent of the FP32 product rounded up from its bits
+  (torchao's RCEIL, Transformer Engine's ``float_to_e8m0`` and Blackwell's ``cvt.rp.satfinite.ue8m0x2.f32``).
 * ``mx_round_log2`` -- the authors' MXFP4 baseline: a tensor scale as above, then the power of two nearest to
   u in the log domain.
 
 Blocks run along any one axis (1D) or are BxB tiles of a 2-D tensor (2D, weights: a tensor and its transpose
-quantize to exactly the same values). :func:`quantize` returns a :class:`QuantizedTensor` holding payload,
+quantize to exactly the same values). Ragged shapes are zero-padded to whole blocks and tiles as Transformer
+Engine does: the padding takes part in block maxima (so amax, scales and the valid cells are unchanged), the block
+grid keeps the padded size and the payload is cropped back to the input's shape.
+
+Dequantization follows each scheme's reference implementation bit for bit (:class:`DequantizeOrder`): the paper's
+kernel for UE5M3, Transformer Engine's dequantize kernel for NVFP4 (finite for every finite input), OCP/torchao
+for MXFP4.
+
+Stochastic rounding draws its bits from Philox4x32-10 keyed by a :class:`~ue5m3.numerics.philox.RandomStream`
+and each element's global index (:class:`~ue5m3.numerics.philox.ElementIndex`), on every backend the same. :func:`quantize` returns a :class:`QuantizedTensor` holding payload,
 scale codes, decoded scales, the tensor reference and diagnostics (blocks whose scale rounded to zero,
 blocks that saturated the scale format).
 """
@@ -28,7 +39,7 @@ from enum import StrEnum
 
 import torch
 
-from ue5m3.numerics import formats
+from ue5m3.numerics import formats, philox
 from ue5m3.numerics.backend import Backend
 from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, UE8M0, FloatFormat, Rounding
 
@@ -56,14 +67,17 @@ class ScaleRule(StrEnum):
     TENSOR_SCALED = "tensor_scaled"
     MX_FLOOR = "mx_floor"
     MX_CEIL = "mx_ceil"
+    MX_RCEIL = "mx_rceil"
     MX_ROUND_LOG2 = "mx_round_log2"
 
 
 class DequantizeOrder(StrEnum):
-    """FP32 order of dequantization (they differ in the last bit for about a sixth of elements)."""
+    """FP32 order of dequantization, one per reference implementation (they differ in the last bit)."""
 
-    DECODE_SCALE = "decode_scale"  # payload * S with S = scale * (1/G): the paper's UE5M3 quantizer
-    TE_AMAX = "te_amax"  # ((payload * scale) * g) / (T * F): how Transformer Engine's NVFP4 tests dequantize
+    ENCODED = "encoded"  # (payload * scale) * (1/G): the paper's UE5M3 kernel (exact product, one rounding)
+    DECODE_SCALE = "decode_scale"  # payload * (scale * (1/G)): the paper's portable torch reference
+    TE_KERNEL = "te_kernel"  # payload * ((scale * g) * fp32(1/(T*F))): Transformer Engine's NVFP4 dequantize kernel
+    TE_TESTS = "te_tests"  # (payload * scale) * (g / (T*F)): how Transformer Engine's NVFP4 PyTorch tests compare
 
 
 class ScaleOrder(StrEnum):
@@ -98,7 +112,7 @@ class BlockScheme:
     scale_rule: ScaleRule = ScaleRule.TENSOR_SCALED
     scale_order: ScaleOrder = ScaleOrder.TE
     zero_scale_repair: bool = False
-    dequantize_order: DequantizeOrder = DequantizeOrder.DECODE_SCALE
+    dequantize_order: DequantizeOrder = DequantizeOrder.ENCODED
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
@@ -126,7 +140,7 @@ SCHEMES: dict[str, BlockScheme] = {
     "ue5m3_b16": BlockScheme(name="ue5m3_b16", scale=UE5M3, block_size=16, target=448.0, zero_scale_repair=True),
     "ue5m3_b32": BlockScheme(name="ue5m3_b32", scale=UE5M3, block_size=32, target=448.0, zero_scale_repair=True),
     "nvfp4": BlockScheme(
-        name="nvfp4", scale=E4M3, block_size=16, target=448.0, dequantize_order=DequantizeOrder.TE_AMAX
+        name="nvfp4", scale=E4M3, block_size=16, target=448.0, dequantize_order=DequantizeOrder.TE_KERNEL
     ),
     "mxfp4": BlockScheme(name="mxfp4", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_FLOOR),
 }
@@ -149,39 +163,56 @@ def get_scheme(scheme: str | BlockScheme) -> BlockScheme:
 
 @dataclass(frozen=True)
 class _BlockLayout:
-    """Maps a tensor to a block view (..., n_blocks, block) and back."""
+    """Maps a tensor to a block view (..., n_blocks, block) and back, zero-padding ragged shapes to whole blocks
+    (the block view and the scales keep the padded grid; tensors shaped like the input are cropped back)."""
 
     shape: torch.Size
     axis: int
     block_size: int
     two_d: bool
+    padded: tuple[int, ...]
 
     @classmethod
     def of(cls, x: torch.Tensor, block_size: int, axis: int, two_d: bool, name: str) -> _BlockLayout:
         if x.ndim == 0:
             raise ValueError(f"tensor {name!r} is a scalar; block quantization needs at least one axis")
+        b = block_size
         if two_d:
             if x.ndim != 2:
                 raise ValueError(f"2D tiles need a 2-D tensor; {name!r} has shape {tuple(x.shape)}")
-            if x.shape[0] % block_size or x.shape[1] % block_size:
-                raise ValueError(
-                    f"tensor {name!r} of shape {tuple(x.shape)} does not tile into {block_size}x{block_size}"
-                )
-            return cls(x.shape, -1, block_size, True)
+            rows, cols = x.shape
+            return cls(x.shape, -1, b, True, (-(-rows // b) * b, -(-cols // b) * b))
         if not -x.ndim <= axis < x.ndim:
             raise ValueError(f"axis {axis!r} out of range for {name!r} of shape {tuple(x.shape)}")
         axis = axis % x.ndim
-        if x.shape[axis] % block_size:
-            raise ValueError(
-                f"tensor {name!r} has {x.shape[axis]} elements along axis {axis}, not a multiple of the "
-                f"block size {block_size}; pad it first"
-            )
-        return cls(x.shape, axis, block_size, False)
+        padded = list(x.shape)
+        padded[axis] = -(-padded[axis] // b) * b
+        return cls(x.shape, axis, b, False, tuple(padded))
+
+    @property
+    def ragged(self) -> bool:
+        return tuple(self.shape) != self.padded
+
+    def _pad(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` shaped like the input -> the padded shape, zeros in the new cells."""
+        if not self.ragged:
+            return t
+        # F.pad takes (last-dim left, last-dim right, second-to-last left, ...)
+        widths: list[int] = []
+        for size, target in zip(reversed(self.shape), reversed(self.padded), strict=True):
+            widths += [0, target - size]
+        return torch.nn.functional.pad(t, widths)
+
+    def _crop(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.ragged:
+            return t
+        return t[tuple(slice(0, n) for n in self.shape)]
 
     def to_blocks(self, t: torch.Tensor) -> torch.Tensor:
         b = self.block_size
+        t = self._pad(t)
         if self.two_d:
-            rows, cols = self.shape
+            rows, cols = self.padded
             # (R, C) -> (R/B, B, C/B, B) -> (R/B, C/B, B, B) -> (R/B, C/B, B*B)
             return t.reshape(rows // b, b, cols // b, b).permute(0, 2, 1, 3).reshape(rows // b, cols // b, b * b)
         moved = t.movedim(self.axis, -1)
@@ -191,17 +222,37 @@ class _BlockLayout:
     def from_blocks(self, t: torch.Tensor) -> torch.Tensor:
         b = self.block_size
         if self.two_d:
-            rows, cols = self.shape
+            rows, cols = self.padded
             # (R/B, C/B, B*B) -> (R/B, C/B, B, B) -> (R/B, B, C/B, B) -> (R, C)
-            return t.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3).reshape(rows, cols)
+            return self._crop(t.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3).reshape(rows, cols))
         # (..., n/B, B) -> (..., n) -> original axis order
-        return t.reshape(*t.shape[:-2], -1).movedim(-1, self.axis)
+        return self._crop(t.reshape(*t.shape[:-2], -1).movedim(-1, self.axis))
 
     def scales_from_blocks(self, t: torch.Tensor) -> torch.Tensor:
-        """(..., n/B, 1) block values -> x's shape with the blocked axis (axes) divided by B."""
+        """(..., n/B, 1) block values -> x's shape with the blocked axis (axes) divided by B, rounded up."""
         if self.two_d:
             return t.squeeze(-1)
         return t.squeeze(-1).movedim(-1, self.axis)
+
+    def block_indices(self, index: philox.ElementIndex | None, name: str) -> tuple[torch.Tensor, int, int, int]:
+        """Global element indices of the block view, as (first index of each block [n_blocks] int64, inner
+        length, inner stride, outer stride): element p of a block sits at
+        base + (p // inner length) * outer stride + (p % inner length) * inner stride."""
+        base, strides = (index or philox.ElementIndex()).strides(tuple(self.shape), name)
+        b = self.block_size
+        if self.two_d:
+            rows, cols = self.padded
+            r = torch.arange(rows // b, dtype=torch.int64)[:, None] * (b * strides[0])
+            c = torch.arange(cols // b, dtype=torch.int64)[None, :] * (b * strides[1])
+            return (base + r + c).reshape(-1), b, strides[1], strides[0]
+        dims = [d for d in range(len(self.shape)) if d != self.axis]
+        first = torch.full([self.padded[d] for d in dims] + [self.padded[self.axis] // b], base, dtype=torch.int64)
+        for position, d in enumerate([*dims, self.axis]):
+            step = strides[d] * (b if d == self.axis else 1)
+            view = [1] * first.ndim
+            view[position] = first.shape[position]
+            first = first + torch.arange(first.shape[position], dtype=torch.int64).reshape(view) * step
+        return first.reshape(-1), b, strides[self.axis], 0
 
 
 # ----- the quantized tensor -----------------------------------------------------------------------------
@@ -258,13 +309,23 @@ class QuantizedTensor:
         return self.layout.scales_from_blocks(self.decode_scales_blocks)
 
     def dequantize(self) -> torch.Tensor:
-        """FP32 values payload * S (or TE's (payload * s) * amax/(T*F) for NVFP4), shaped like the input."""
-        scheme = self.scheme
-        if scheme.dequantize_order is DequantizeOrder.TE_AMAX and scheme.scale_rule is ScaleRule.TENSOR_SCALED:
+        """FP32 values in the scheme's reference order (see :class:`DequantizeOrder`), shaped like the input;
+        finite for every finite input."""
+        scheme, payload, scale = self.scheme, self.payload_blocks, self.scale_values
+        if scheme.scale_rule not in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2):
+            return self.layout.from_blocks(payload * scale)  # no tensor scale: one exact product
+        order = scheme.dequantize_order
+        if order is DequantizeOrder.ENCODED:
+            values = (payload * scale) * self.global_decode_scale
+        elif order is DequantizeOrder.DECODE_SCALE:
+            values = payload * self.decode_scales_blocks
+        else:
             target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite
-            # left to right in FP32, as TE's tests write it: payload * s * amax / (T * F)
-            return self.layout.from_blocks(self.payload_blocks * self.scale_values * self.tensor_amax / target_f)
-        return self.layout.from_blocks(self.payload_blocks * self.decode_scales_blocks)
+            if order is DequantizeOrder.TE_TESTS:
+                values = (payload * scale) * (self.tensor_amax / target_f)
+            else:
+                values = payload * _te_final_scale(scale, self.tensor_amax, torch.reciprocal(target_f))
+        return self.layout.from_blocks(values)
 
     def encoded(self) -> torch.Tensor:
         """payload * scale value, shaped like the input: exact in BF16 (at most 6 significant bits)."""
@@ -281,6 +342,19 @@ class QuantizedTensor:
             "saturated_blocks": int(self.saturated_blocks),
             "blocks": int(self.scale_values.numel()),
         }
+
+
+def _te_final_scale(scale: torch.Tensor, amax: torch.Tensor, factor_inv: torch.Tensor) -> torch.Tensor:
+    """(scale * amax) * factor_inv in FP32, as Transformer Engine's NVFP4 dequantize kernel; where scale * amax
+    overflows FP32 (tensor amax above FP32max/448) the same two roundings are evaluated 2^64 lower and scaled
+    back, which is exact, so the result is TE's wherever TE's is finite and finite everywhere."""
+    final = (scale * amax) * factor_inv
+    overflow = torch.isinf(final)
+    if bool(overflow.any()):
+        low = torch.ldexp(amax, torch.tensor(-64, dtype=torch.int32))
+        wide = torch.ldexp((scale * low) * factor_inv, torch.tensor(64, dtype=torch.int32))
+        final = torch.where(overflow, wide, final)
+    return final
 
 
 # ----- scale rules --------------------------------------------------------------------------------------
@@ -324,6 +398,17 @@ def _block_scales(
         if scheme.scale_rule is ScaleRule.MX_CEIL:
             exponent = exponent + ((bits & 0x7FFFFF) != 0).to(exponent.dtype)
         exponent = exponent - element_emax
+        saturated = exponent > scale_fmt.max_exponent
+        exponent = torch.clamp(exponent, min=scale_fmt.min_exponent, max=scale_fmt.max_exponent)
+        return _power_of_two(exponent), torch.zeros_like(saturated), saturated
+    if scheme.scale_rule is ScaleRule.MX_RCEIL:
+        # descale = a_B * fp32(1/F), its biased exponent rounded up from the bits; FP32 subnormals round up only
+        # above 2^-127 (the UE8M0 minimum, mantissa 0x400000); saturating at the scale format's max.
+        descale = block_amax * (torch.tensor(1.0, dtype=torch.float32) / scheme.element.max_finite)
+        bits = descale.view(torch.int32)
+        biased, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+        up = torch.where(biased == 0, mantissa > 0x400000, mantissa != 0)
+        exponent = biased + up.to(biased.dtype) - 127
         saturated = exponent > scale_fmt.max_exponent
         exponent = torch.clamp(exponent, min=scale_fmt.min_exponent, max=scale_fmt.max_exponent)
         return _power_of_two(exponent), torch.zeros_like(saturated), saturated
@@ -375,21 +460,25 @@ def quantize(
     axis: int = -1,
     random_bits: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    stream: philox.RandomStream | None = None,
+    index: philox.ElementIndex | None = None,
     name: str = "x",
     backend: Backend | str = Backend.AUTO,
 ) -> QuantizedTensor:
     """Block-quantize ``x`` (computed in FP32) under ``scheme``.
 
     Args:
-        x: finite tensor; the blocked axis length must be a multiple of the block size.
+        x: finite tensor; ragged shapes are zero-padded to whole blocks (scales keep the padded grid).
         scheme: a name in :data:`SCHEMES` or a :class:`BlockScheme`.
         tensor_amax: tensor reference g (e.g. a held, possibly stale, amax); defaults to max|x| now.
         target: overrides the scheme's target T.
         rounding: payload rounding (scales are always RNE).
         two_d: BxB tiles of a 2-D tensor instead of 1D blocks along ``axis``.
         axis: the blocked axis (the GEMM reduction dimension) for 1D blocks.
-        random_bits: per-element random integers for stochastic rounding, shaped like ``x``.
-        generator: draws ``random_bits`` when they are not given.
+        random_bits: explicit per-element random integers for stochastic rounding, shaped like ``x`` (tests).
+        generator: seeds a fresh random stream when neither ``random_bits`` nor ``stream`` is given.
+        stream: the Philox stream of this quantization (run seed, module, role, step, microbatch).
+        index: where ``x`` sits in the logical tensor whose global indices key the bits (shards).
         name: tensor name for error messages.
         backend: see :class:`Backend`; results do not depend on it.
 
@@ -409,11 +498,18 @@ def quantize(
         raise TypeError(f"tensor {name!r} must be floating point, got {x.dtype}")
     x = x.to(torch.float32)
     layout = _BlockLayout.of(x, scheme.block_size, axis, two_d, name)
-    bits = formats.check_random_bits(x, rounding, random_bits, generator)
     reason = None if backend is Backend.TORCH else _kernel_reason(x, scheme)
     if backend is Backend.CPU_KERNEL and reason is not None:
         raise ValueError(f"backend='cpu_kernel' cannot quantize {name!r}: {reason}; use backend='torch' or 'auto'")
     use_kernel = backend is not Backend.TORCH and reason is None
+    if rounding.random_bit_count and random_bits is None and stream is None:
+        stream = formats.anonymous_stream(generator)
+    if random_bits is not None or not rounding.random_bit_count:
+        bits = formats.check_random_bits(x, rounding, random_bits, generator)
+    elif use_kernel:
+        bits = None  # the kernel draws the stream's Philox bits itself
+    else:
+        bits = philox.random_bits(stream, tuple(x.shape), rounding.random_bit_count, index=index, name=name)
     if use_kernel or tensor_amax is not None:
         # One pass for finiteness (and the current amax): aminmax propagates NaN and Inf.
         low, high = torch.aminmax(x) if x.numel() else (torch.zeros(()), torch.zeros(()))
@@ -428,7 +524,8 @@ def quantize(
             raise ValueError(f"tensor_amax for {name!r} must be finite and >= 0, got {float(g)!r}")
     blocks = layout.to_blocks(x)
     if use_kernel:
-        return _quantize_kernel(blocks, g, layout, scheme, rounding, bits)
+        philox_stream = stream if bits is None and rounding.random_bit_count else None
+        return _quantize_kernel(blocks, g, layout, scheme, rounding, bits, philox_stream, index, name)
     block_amax = torch.amax(blocks.abs(), dim=-1, keepdim=True)  # NaN propagates into the check below
     if tensor_amax is None:
         if not bool(torch.isfinite(block_amax).all()):
@@ -473,6 +570,9 @@ def _quantize_kernel(
     scheme: BlockScheme,
     rounding: Rounding,
     bits: torch.Tensor | None,
+    stream: philox.RandomStream | None,
+    index: philox.ElementIndex | None,
+    name: str,
 ) -> QuantizedTensor:
     from ue5m3.numerics.kernels import cpu as cpu_kernel
 
@@ -500,6 +600,7 @@ def _quantize_kernel(
         zero_scale_repair=scheme.zero_scale_repair,
         rounding=rounding.value,
         random_bits=flat_bits,
+        philox=None if stream is None else (stream, *layout.block_indices(index, name)),
     )
     flags = out["flags"]
     return QuantizedTensor(

@@ -27,12 +27,14 @@ import torch
 __all__ = ["available", "load", "quantize_blocks", "probe_gemm", "CompileError"]
 
 SOURCES = ("block_quantize.c", "accumulate.c")
+HEADERS = ("philox.h",)
 # -march=native: the library is built on the machine that runs it (the cache key includes the CPU); exactness
 # holds because FP contraction is off and fast-math is never on.
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off", "-std=c99"]
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
+_BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
-_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2}
+_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
 
 
 class CompileError(RuntimeError):
@@ -69,7 +71,8 @@ def load() -> ctypes.CDLL:
     if compiler is None:
         raise CompileError("no C compiler found (set CC or install gcc); use backend='torch'")
     sources = {
-        name: resources.files("ue5m3.numerics.kernels").joinpath(f"csrc/{name}").read_bytes() for name in SOURCES
+        name: resources.files("ue5m3.numerics.kernels").joinpath(f"csrc/{name}").read_bytes()
+        for name in SOURCES + HEADERS
     }
     key = hashlib.sha256(b"".join(sources.values()) + " ".join(FLAGS).encode() + _cpu_identity()).hexdigest()[:16]
     target = _cache_dir() / f"ue5m3_kernels-{key}.so"
@@ -78,8 +81,9 @@ def load() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             paths = []
             for name, data in sources.items():
-                paths.append(Path(tmp) / name)
-                paths[-1].write_bytes(data)
+                (Path(tmp) / name).write_bytes(data)
+                if name in SOURCES:
+                    paths.append(Path(tmp) / name)
             out = Path(tmp) / "lib.so"
             result = subprocess.run(
                 [compiler, *FLAGS, *map(str, paths), "-o", str(out)], capture_output=True, text=True
@@ -89,8 +93,9 @@ def load() -> ctypes.CDLL:
             os.replace(out, target)
     lib = ctypes.CDLL(str(target))
     fn = lib.ue5m3_quantize_blocks
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p, p, p, p, p, p, p]
+    p, i64, i32, u32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float
+    fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p]
+    fn.argtypes += [i32, u32, u32, u32, u32, i32, p, i64, i64, i64, p, p, p, p, p]
     fn.restype = None
     probe = lib.ue5m3_probe_gemm
     probe.argtypes = [p, p, i64, i64, i64, i64, i32, p]
@@ -126,19 +131,29 @@ def quantize_blocks(
     zero_scale_repair: bool,
     rounding: str,
     random_bits: torch.Tensor | None,
-    want_dequantized: bool = False,
+    philox: tuple | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Quantize contiguous FP32 blocks ``(n_blocks, L)``; returns the per-element and per-block outputs."""
+    """Quantize contiguous FP32 blocks ``(n_blocks, L)``; returns the per-element and per-block outputs.
+
+    Stochastic modes take explicit ``random_bits`` (shaped like ``blocks``) or ``philox`` = (stream, block base
+    indices [n_blocks] int64, inner length, inner stride, outer stride): the kernel then draws the stream's
+    Philox bits at each element's global index itself (see ``csrc/philox.h``).
+    """
     if blocks.dtype != torch.float32 or blocks.device.type != "cpu" or blocks.ndim != 2:
         raise ValueError("the CPU kernel takes a 2-D FP32 CPU tensor of blocks")
     blocks = blocks.contiguous()
     nblocks, length = blocks.shape
     payload = torch.empty_like(blocks)
-    dequant = torch.empty_like(blocks) if want_dequantized else None
     per_block = {k: torch.empty(nblocks, dtype=torch.float32) for k in ("block_amax", "scales", "decode")}
     flags = torch.empty(nblocks, dtype=torch.uint8)
     if random_bits is not None:
         random_bits = random_bits.to(torch.int64).contiguous()
+    stream, base, inner_len, inner_stride, outer_stride = philox or (None, None, 0, 0, 0)
+    k0, k1 = stream.key if stream is not None else (0, 0)
+    if base is not None:
+        base = base.to(torch.int64).contiguous()
+        if base.numel() != nblocks:
+            raise ValueError(f"philox block bases: {base.numel()} for {nblocks} blocks")
     load().ue5m3_quantize_blocks(
         blocks.data_ptr(),
         nblocks,
@@ -155,14 +170,23 @@ def quantize_blocks(
         int(zero_scale_repair),
         _ROUNDING_IDS[rounding],
         _ptr(random_bits),
+        int(stream is not None),
+        k0,
+        k1,
+        stream.step if stream is not None else 0,
+        stream.microbatch if stream is not None else 0,
+        _BIT_COUNTS[rounding],
+        _ptr(base),
+        inner_len,
+        inner_stride,
+        outer_stride,
         payload.data_ptr(),
-        _ptr(dequant),
         per_block["block_amax"].data_ptr(),
         per_block["scales"].data_ptr(),
         per_block["decode"].data_ptr(),
         flags.data_ptr(),
     )
-    return {"payload": payload, "dequantized": dequant, "flags": flags, **per_block}
+    return {"payload": payload, "flags": flags, **per_block}
 
 
 def probe_gemm(enc_a: torch.Tensor, enc_b: torch.Tensor, *, width: int, rtz: bool) -> torch.Tensor:

@@ -9,24 +9,37 @@
  * quantum 2^(e - m), s = v / quantum (exact power-of-two scaling), lower = floor(s), delta = s - lower.
  * Only formats whose quanta are normal FP32 powers of two are handled here (checked by the caller).
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "philox.h"
+
 enum { RNE = 0, RTZ = 1, SF = 2, SR_TE = 3, SR = 4 };
 enum { ORDER_TE = 0, ORDER_TE_LEGACY = 1, ORDER_TORCHAO = 2 };
-enum { RULE_TENSOR_SCALED = 0, RULE_MX_FLOOR = 1, RULE_MX_CEIL = 2 };
+enum { RULE_TENSOR_SCALED = 0, RULE_MX_FLOOR = 1, RULE_MX_CEIL = 2, RULE_MX_RCEIL = 3 };
 
 static inline uint32_t bits_of(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float float_of(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
 /* 2^k for k in [-127, 127]; 2^-127 is an FP32 subnormal (the UE8M0 minimum). */
 static inline float pow2(int k) { return k >= -126 ? float_of((uint32_t)(k + 127) << 23) : float_of(1u << 22); }
 
-/* Round a non-negative finite magnitude; r is the element's random integer (ignored by RNE/RTZ). */
-static inline float round_magnitude(float v, int mbits, int emin, float maxf, int mode, int64_t r) {
-    if (v > maxf) v = maxf;
+static inline int quantum_exponent(float v, int mbits, int emin) {
     int e = (int)((bits_of(v) >> 23) & 0xFF) - 127; /* FP32 subnormals and zero fall below emin */
-    if (e < emin) e = emin;
-    int q = e - mbits;
+    return (e < emin ? emin : e) - mbits;
+}
+
+/* Round a non-negative finite magnitude; r is the element's random integer (ignored by RNE/RTZ). */
+static inline float round_magnitude(float v, int mbits, int emin, float maxf, int mode, uint64_t r) {
+    if (v > maxf) v = maxf;
+    int q = quantum_exponent(v, mbits, emin);
+    if (mode == SR_TE) {
+        /* Transformer Engine's stochastic_round_fp4_e2m1: t = fma(r/256, step, v), floored in units of step(t). */
+        float t = fmaf((float)r * (1.0f / 256.0f), pow2(q), v);
+        int qt = quantum_exponent(t, mbits, emin);
+        float out = floorf(t * pow2(-qt)) * pow2(qt);
+        return out > maxf ? maxf : out;
+    }
     float s = v * pow2(-q);
     float lower = (float)(int32_t)s; /* s >= 0: truncation is floor */
     float delta = s - lower;
@@ -34,8 +47,7 @@ static inline float round_magnitude(float v, int mbits, int emin, float maxf, in
     switch (mode) {
     case RNE: up = delta > 0.5f || (delta == 0.5f && (((int32_t)lower) & 1)); break;
     case RTZ: up = 0; break;
-    case SF: up = delta >= (float)(511 - 2 * r) / 512.0f; break;
-    case SR_TE: up = delta >= (float)(256 - r) / 256.0f; break;
+    case SF: up = delta + (float)(2 * r + 1) * (1.0f / 512.0f) >= 1.0f; break; /* one FP32 addition */
     default: up = (double)r < (double)delta * 9007199254740992.0; break; /* 2^53 */
     }
     float out = (lower + (float)up) * pow2(q);
@@ -44,78 +56,122 @@ static inline float round_magnitude(float v, int mbits, int emin, float maxf, in
 
 /* Quantize nblocks contiguous blocks of length L.
  *
- * x: input (nblocks * L); payload: E2M1 values out; dequant: payload * S out (may be NULL);
- * block_amax, scale_values, decode_scales: per-block outputs; flags: per block, bit 0 = scale rounded to
- * zero before repair, bit 1 = ideal scale saturated. random_bits may be NULL for RNE/RTZ.
+ * x: input (nblocks * L); payload: E2M1 values out; block_amax, scale_values, decode_scales: per-block outputs;
+ * flags: per block, bit 0 = scale rounded to zero before repair, bit 1 = ideal scale saturated.
+ * Stochastic modes take explicit random_bits (nblocks * L) or, when that is NULL, draw Philox bits of `stream`
+ * at each element's global index base[b] + (p / inner_len) * outer_stride + (p % inner_len) * inner_stride.
  */
-void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule, int order, float global_scale,
+#define GROUP 16
+
+static void quantize_block(const float *xb, int64_t L, int rule, int order, float global_scale,
                            float global_decode_scale, float per_tensor, float target_scale_max, int scale_mbits,
-                           int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *random_bits,
-                           float *payload, float *dequant, float *block_amax, float *scale_values,
-                           float *decode_scales, uint8_t *flags) {
+                           int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *bits,
+                           const uint32_t *words, const philox_stream *stream, int64_t base, int64_t inner_len,
+                           int64_t inner_stride, int64_t outer_stride, float *pb, float *amax_out,
+                           float *scale_out, float *decode_out, uint8_t *flag_out) {
     const float element_max = 6.0f;
     const float inv_f = 1.0f / 6.0f; /* the FP32 constant 1/F */
     const float fp32_max = 3.4028234663852886e38f;
-#pragma omp parallel for schedule(static) if (nblocks >= 2048)
-    for (int64_t b = 0; b < nblocks; ++b) {
-        const float *xb = x + b * L;
-        float amax = 0.0f;
-        for (int64_t i = 0; i < L; ++i) {
-            float a = xb[i] < 0 ? -xb[i] : xb[i];
-            amax = a > amax ? a : amax;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < L; ++i) {
+        float a = xb[i] < 0 ? -xb[i] : xb[i];
+        amax = a > amax ? a : amax;
+    }
+    float scale;
+    uint8_t flag = 0;
+    if (rule == RULE_TENSOR_SCALED) {
+        float ideal;
+        if (order == ORDER_TE) ideal = amax * (global_scale * inv_f);
+        else if (order == ORDER_TE_LEGACY) ideal = (amax / element_max) * global_scale;
+        else ideal = (amax / element_max) / per_tensor;
+        if (ideal > target_scale_max) flag |= 2;
+        scale = round_magnitude(ideal, scale_mbits, scale_emin, target_scale_max, RNE, 0);
+        if (scale == 0.0f) {
+            flag |= 1;
+            if (zero_repair) scale = 1.0f;
         }
-        float scale;
-        uint8_t flag = 0;
-        if (rule == RULE_TENSOR_SCALED) {
-            float ideal;
-            if (order == ORDER_TE) ideal = amax * (global_scale * inv_f);
-            else if (order == ORDER_TE_LEGACY) ideal = (amax / element_max) * global_scale;
-            else ideal = (amax / element_max) / per_tensor;
-            if (ideal > target_scale_max) flag |= 2;
-            scale = round_magnitude(ideal, scale_mbits, scale_emin, target_scale_max, RNE, 0);
-            if (scale == 0.0f) {
-                flag |= 1;
-                if (zero_repair) scale = 1.0f;
-            }
+    } else {
+        int e;
+        if (rule == RULE_MX_RCEIL) {
+            /* exponent of amax * fp32(1/6) rounded up from its bits; subnormals only above 2^-127 */
+            uint32_t db = bits_of(amax * inv_f);
+            uint32_t biased = (db >> 23) & 0xFF, mantissa = db & 0x7FFFFF;
+            e = (int)biased + (biased == 0 ? mantissa > 0x400000 : mantissa != 0) - 127;
         } else {
             uint32_t ab = bits_of(amax);
-            int e = (int)((ab >> 23) & 0xFF) - 127;
+            e = (int)((ab >> 23) & 0xFF) - 127;
             if (rule == RULE_MX_CEIL && (ab & 0x7FFFFF)) e += 1;
             e -= 2; /* E2M1 max exponent */
-            if (e > scale_emax) { flag |= 2; e = scale_emax; }
-            if (e < scale_emin) e = scale_emin;
-            scale = pow2(e);
         }
-        float decode = scale * global_decode_scale;
-        float mult = 1.0f / decode;
-        if (mult > fp32_max) mult = fp32_max;
-        block_amax[b] = amax;
-        scale_values[b] = scale;
-        decode_scales[b] = decode;
-        flags[b] = flag;
-        float *pb = payload + b * L;
-        if (mode == RNE) {
-            /* E2M1 RNE as a sum of steps at the midpoints; ">" where the tie goes down to the even code,
-             * ">=" where it goes up. Equal to round_magnitude(.., RNE) for every input and vectorizable. */
-            for (int64_t i = 0; i < L; ++i) {
-                float v = xb[i] * mult;
-                float m = float_of(bits_of(v) & 0x7FFFFFFFu);
-                float r = 0.5f * (float)(m > 0.25f) + 0.5f * (float)(m >= 0.75f) + 0.5f * (float)(m > 1.25f) +
-                          0.5f * (float)(m >= 1.75f) + (float)(m > 2.5f) + (float)(m >= 3.5f) +
-                          2.0f * (float)(m > 5.0f);
-                pb[i] = float_of(bits_of(r) | (bits_of(v) & 0x80000000u)); /* copysign, -0.0 included */
-            }
-        } else {
-            for (int64_t i = 0; i < L; ++i) {
-                float v = xb[i] * mult;
-                if (v > element_max) v = element_max;
-                if (v < -element_max) v = -element_max;
-                float mag = round_magnitude(float_of(bits_of(v) & 0x7FFFFFFFu), 1, 0, element_max, mode,
-                                            random_bits ? random_bits[b * L + i] : 0);
-                pb[i] = float_of(bits_of(mag) | (bits_of(v) & 0x80000000u));
-            }
+        if (e > scale_emax) { flag |= 2; e = scale_emax; }
+        if (e < scale_emin) e = scale_emin;
+        scale = pow2(e);
+    }
+    float decode = scale * global_decode_scale;
+    float mult = 1.0f / decode;
+    if (mult > fp32_max) mult = fp32_max;
+    *amax_out = amax;
+    *scale_out = scale;
+    *decode_out = decode;
+    *flag_out = flag;
+    if (mode == RNE) {
+        /* E2M1 RNE as a sum of steps at the midpoints; ">" where the tie goes down to the even code,
+         * ">=" where it goes up. Equal to round_magnitude(.., RNE) for every input and vectorizable. */
+        for (int64_t i = 0; i < L; ++i) {
+            float v = xb[i] * mult;
+            float m = float_of(bits_of(v) & 0x7FFFFFFFu);
+            float r = 0.5f * (float)(m > 0.25f) + 0.5f * (float)(m >= 0.75f) + 0.5f * (float)(m > 1.25f) +
+                      0.5f * (float)(m >= 1.75f) + (float)(m > 2.5f) + (float)(m >= 3.5f) +
+                      2.0f * (float)(m > 5.0f);
+            pb[i] = float_of(bits_of(r) | (bits_of(v) & 0x80000000u)); /* copysign, -0.0 included */
         }
-        if (dequant)
-            for (int64_t i = 0; i < L; ++i) dequant[b * L + i] = pb[i] * decode;
+        return;
+    }
+    int per = stream ? philox_per_counter(stream->bit_count) : 1;
+    for (int64_t i = 0; i < L; ++i) {
+        float v = xb[i] * mult;
+        if (v > element_max) v = element_max;
+        if (v < -element_max) v = -element_max;
+        uint64_t r = 0;
+        if (bits) r = (uint64_t)bits[i];
+        else if (words) r = philox_bits_of(words + 4 * (i / per), (int)(i % per), stream->bit_count);
+        else if (stream)
+            r = philox_element_bits(stream, (uint64_t)(base + (i / inner_len) * outer_stride + (i % inner_len) * inner_stride));
+        float mag = round_magnitude(float_of(bits_of(v) & 0x7FFFFFFFu), 1, 0, element_max, mode, r);
+        pb[i] = float_of(bits_of(mag) | (bits_of(v) & 0x80000000u));
+    }
+}
+
+void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule, int order, float global_scale,
+                           float global_decode_scale, float per_tensor, float target_scale_max, int scale_mbits,
+                           int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *random_bits,
+                           int use_philox, uint32_t k0, uint32_t k1, uint32_t step, uint32_t microbatch,
+                           int bit_count, const int64_t *block_base, int64_t inner_len, int64_t inner_stride,
+                           int64_t outer_stride, float *payload, float *block_amax, float *scale_values,
+                           float *decode_scales, uint8_t *flags) {
+    philox_stream stream = {k0, k1, step, microbatch, bit_count};
+    const philox_stream *sp = use_philox && mode != RNE && mode != RTZ ? &stream : NULL;
+    int per = sp ? philox_per_counter(bit_count) : 1;
+    int64_t groups = (nblocks + GROUP - 1) / GROUP;
+#pragma omp parallel for schedule(static) if (nblocks >= 2048)
+    for (int64_t g = 0; g < groups; ++g) {
+        int64_t b0 = g * GROUP, b1 = b0 + GROUP < nblocks ? b0 + GROUP : nblocks;
+        uint32_t words[4 * PHILOX_MAX_COUNTERS];
+        /* Fast path: the group's elements have consecutive global indices starting on a counter boundary, so
+         * one vectorised fill serves every block of the group. */
+        int filled = 0;
+        if (sp && inner_stride == 1 && inner_len >= L && L % per == 0 && block_base[b0] % per == 0 &&
+            (b1 - b0) * L / per <= PHILOX_MAX_COUNTERS) {
+            filled = 1;
+            for (int64_t b = b0 + 1; b < b1 && filled; ++b) filled = block_base[b] == block_base[b0] + (b - b0) * L;
+            if (filled) philox_fill(sp, (uint64_t)(block_base[b0] / per), (int)((b1 - b0) * L / per), words);
+        }
+        for (int64_t b = b0; b < b1; ++b)
+            quantize_block(x + b * L, L, rule, order, global_scale, global_decode_scale, per_tensor,
+                           target_scale_max, scale_mbits, scale_emin, scale_emax, zero_repair, mode,
+                           random_bits ? random_bits + b * L : NULL,
+                           filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0,
+                           inner_len, inner_stride, outer_stride, payload + b * L, block_amax + b,
+                           scale_values + b, decode_scales + b, flags + b);
     }
 }
