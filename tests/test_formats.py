@@ -7,6 +7,8 @@ unless a comment says otherwise.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import math
 from fractions import Fraction
@@ -713,3 +715,75 @@ def test_rounding_commutes_with_power_of_two_scaling_inside_the_normal_range(fmt
     if fmt.signed and data.draw(st.booleans()):
         x, y = -x, -y
     assert_bits_equal(rounded([y], fmt, mode), np.float32([math.ldexp(float(rounded([x], fmt, mode)[0]), k)]))
+
+
+# ----- the reference implementations' FP32 forms of the 8-bit stochastic modes -------------------------------
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.fmaf.restype = ctypes.c_float
+_LIBM.fmaf.argtypes = [ctypes.c_float] * 3
+F32 = np.float32
+
+
+def _paper_sf_e2m1(x: float, r: int) -> float:
+    """The paper's kernel (MrHuff/ue5m3-fp4 backends/triton/_rounding.py, StochasticFast) for E2M1, in FP32:
+    exponent clamped at 1 - bias = 0, quantum exponent e - precision + 1, delta + (2r+1) * 2^-9 as one FP32 add."""
+    m = F32(abs(x))
+    if m == 0:
+        return math.copysign(0.0, x)
+    _, frexp_exponent = np.frexp(m)
+    quantum = max(int(frexp_exponent) - 1, 0) - 1
+    significand = F32(np.ldexp(m, -quantum))
+    lower = F32(np.floor(significand))
+    delta = F32(significand - lower)
+    midpoint = F32(2 * r + 1) * F32(2.0**-9)
+    up = F32(delta + midpoint) >= F32(1.0)
+    return math.copysign(min(float(np.ldexp(F32(lower + F32(up)), quantum)), 6.0), x)
+
+
+def _te_stochastic_round_fp4_e2m1(x: float, rbits8: int) -> float:
+    """Transformer Engine's software SR (common/util/ptx.cuh stochastic_round_fp4_e2m1), with libm's fmaf."""
+    u = F32(rbits8 & 0xFF) * F32(1.0 / 256.0)
+    a = F32(abs(x))
+    step = F32(2.0) if a >= 4 else (F32(1.0) if a >= 2 else F32(0.5))
+    t = F32(_LIBM.fmaf(float(u), float(step), float(a)))
+    step_t = F32(2.0) if t >= 4 else (F32(1.0) if t >= 2 else F32(0.5))
+    inv_step_t = F32(0.5) if t >= 4 else (F32(1.0) if t >= 2 else F32(2.0))
+    q = min(F32(np.floor(t * inv_step_t)) * step_t, F32(6.0))
+    return math.copysign(float(q), x)
+
+
+def _fine_inputs(seed: int, n: int = 3000) -> np.ndarray:
+    """Payload inputs with many significant bits, weighted toward |x| < 0.25 where FP32 sums round."""
+    rng = np.random.default_rng(seed)
+    tiny = rng.uniform(0, 0.25, n) * np.exp2(-rng.integers(0, 24, n))
+    wide = rng.uniform(0, 7, n)
+    x = np.concatenate([tiny, wide, [1 / 1024 - 2.0**-31, 1 / 512 - 2.0**-40, 6.0, 6.5, 100.0]]).astype(F32)
+    return x * np.where(rng.random(x.size) < 0.3, F32(-1), F32(1))
+
+
+@pytest.mark.parametrize(
+    ("mode", "reference"), [("sf", _paper_sf_e2m1), ("sr_te", _te_stochastic_round_fp4_e2m1)], ids=["sf", "sr_te"]
+)
+def test_8bit_stochastic_modes_compute_as_their_reference_kernels_in_fp32(mode, reference):
+    x = _fine_inputs(7)
+    rng = np.random.default_rng(8)
+    r = rng.integers(0, 256, x.size)
+    r[-5:] = 255
+    out = formats.round_to_format(torch.from_numpy(x), "e2m1", mode, random_bits=torch.from_numpy(r))
+    expected = np.array([reference(float(v), int(b)) for v, b in zip(x, r, strict=True)], dtype=F32)
+    assert np.array_equal(out.numpy().view(np.int32), expected.view(np.int32))
+
+
+@pytest.mark.parametrize("mode", ["sf", "sr_te"])
+def test_fp32_forms_differ_from_exact_comparisons_near_the_threshold_for_small_inputs(mode):
+    """The case that separates the readings: for |x| < 0.25 the FP32 sum (or fma) can reach the next grid point
+    where exact arithmetic stays below it; the kernels' FP32 form is what the paper's numbers came from."""
+    # on the 0.5 grid delta = 2x: sf needs delta just below 1/512, sr_te just below 1/256
+    x = torch.tensor([(1 / 1024 if mode == "sf" else 1 / 512) - 2.0**-31], dtype=torch.float32)
+    r = torch.tensor([255])
+    out = formats.round_to_format(x, "e2m1", mode, random_bits=r)
+    # sf: delta + 511/512 = 1 - 2^-30 rounds to 1.0f; sr_te: fma(255/256, 0.5, x) = 0.5 - 2^-31 rounds to 0.5f
+    assert float(out) == 0.5
+    num, den = Fraction(float(x)) * 2, 1
+    assert not EXACT_RULES[mode](num.numerator, num.denominator * den, 255)  # exact arithmetic: stays at 0

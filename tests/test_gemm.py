@@ -149,6 +149,7 @@ def test_mma_sim_equals_the_transcription_of_mma_sims_code(seed, spread, scheme)
 def _mx_operands(a_blocks, b_blocks):
     """MXFP4 operands [1, K] and [K, 1] from (payload list, scale exponent) per 32-block: each block gets one
     element of magnitude 6 where the other operand is zero, so the OCP floor rule gives exactly scale 2^e."""
+
     def build(blocks, spare):
         values = []
         for payload, e in blocks:
@@ -173,7 +174,9 @@ def test_mma_sim_aligns_on_scale_exponents_not_leading_bits():
     quantum is 2^(-20-35) = 2^-55, so a small block's term 2^-54 survives; aligning on the leading bits (2^-52)
     would truncate it to zero."""
     cancel = [1.0] * 8 + [0.0] * 8 + [-1.0] * 8 + [0.0] * 6
-    a_q, b_q = _mx_operands([(cancel, -20), (_ones_at(0, value=0.5), -52)], [([1.0] * 30, 0), (_ones_at(0, value=0.5), 0)])
+    a_q, b_q = _mx_operands(
+        [(cancel, -20), (_ones_at(0, value=0.5), -52)], [([1.0] * 30, 0), (_ones_at(0, value=0.5), 0)]
+    )
     got = gemm.matmul(a_q, b_q, "mma_sim")
     assert torch.equal(got, reference_mma_sim(a_q, b_q))
     assert float(got) == 2.0**-54

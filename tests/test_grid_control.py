@@ -91,7 +91,7 @@ def test_summary_rows_and_written_files(tiny, tmp_path):
 
 def test_quantized_arms_convert_both_linears():
     data_cfg = dataclasses.replace(TINY, steps=1)
-    model = gc._build(gc._data(data_cfg, 41), data_cfg, None, "rne")
+    model = gc._build(gc._data(data_cfg, 41), data_cfg, None, "rne", 41)
     assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 2
 
 

@@ -9,6 +9,8 @@ from torch import nn
 from ue5m3.layers import linear, recipes
 from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
 from ue5m3.layers.recipes import GemmModel, Operand
+from ue5m3.numerics import philox
+from ue5m3.numerics.philox import SRState
 
 
 def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, out_f=128, seed=0, gemm=None):
@@ -41,6 +43,8 @@ def _record_quantizer_calls(monkeypatch):
                 "target": q.scheme.target,
                 "two_d": q.layout.two_d,
                 "reference": kwargs["reference"],
+                "stream": kwargs.get("stream"),
+                "index": kwargs.get("index"),
                 "shape": tuple(tensor.shape),
                 "q": q,
             }
@@ -251,3 +255,57 @@ def test_quant_stats_count_zero_rounded_and_saturated_blocks_across_the_model():
     with torch.no_grad():
         layer(torch.full((64, 64), 1e6))
     assert stats.pop()["saturated_blocks"] == 64 * 64 // 16
+
+
+def _sr_layer(sr: SRState):
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.proj = nn.Linear(64, 64)
+    convert(model, recipes.get("ue5m3_b16"), select=["proj"], sr_state=sr)
+    return model.proj
+
+
+def _dy_bits(monkeypatch, sr: SRState, dy: torch.Tensor, x: torch.Tensor) -> dict:
+    """The SR bits the two stochastic quantizations of dY draw under ``sr`` (from the recorded call sites)."""
+    layer = _sr_layer(sr)
+    calls = _record_quantizer_calls(monkeypatch)
+    find_scale_state(layer).begin_step(max(sr.step, 1))
+    layer(x.clone().requires_grad_()).backward(dy)
+    monkeypatch.undo()
+    return {
+        c["operand"]: philox.random_bits(c["stream"], c["shape"], 8, index=c["index"])
+        for c in calls
+        if c["rounding"] == "sf"
+    }
+
+
+def test_sr_bits_are_keyed_by_module_role_step_and_microbatch(monkeypatch):
+    x, dy = torch.randn(64, 64), torch.randn(64, 64)
+    sr = SRState(7)
+    sr.begin_step(3)
+    bits = _dy_bits(monkeypatch, sr, dy, x)
+    assert set(bits) == {Operand.DGRAD_UPSTREAM_GRADIENT, Operand.WGRAD_UPSTREAM_GRADIENT}
+    again = _dy_bits(monkeypatch, sr, dy, x)
+    assert all(torch.equal(bits[k], again[k]) for k in bits)  # a pure function of the counters
+    sr.begin_microbatch(1)
+    other = _dy_bits(monkeypatch, sr, dy, x)
+    assert not torch.equal(bits[Operand.DGRAD_UPSTREAM_GRADIENT], other[Operand.DGRAD_UPSTREAM_GRADIENT])
+    assert not torch.equal(bits[Operand.DGRAD_UPSTREAM_GRADIENT][:, :16], bits[Operand.WGRAD_UPSTREAM_GRADIENT][:16].T)
+
+
+def test_each_data_parallel_rank_draws_the_bits_of_its_tokens_in_the_global_microbatch(monkeypatch):
+    """World 2: rank r holds tokens [64 r, 64 r + 64) of the global microbatch; its dY (tokens along rows) and
+    dY^T (tokens along columns) draw exactly the world-1 run's bits at those tokens."""
+    x, dy = torch.randn(128, 64), torch.randn(128, 64)
+
+    def state(**shard):
+        sr = SRState(7, **shard)
+        sr.begin_step(2)
+        return sr
+
+    whole = _dy_bits(monkeypatch, state(), dy, x)
+    for rank in range(2):
+        tokens = slice(64 * rank, 64 * rank + 64)
+        shard = _dy_bits(monkeypatch, state(rank=rank, world=2), dy[tokens], x[tokens])
+        assert torch.equal(shard[Operand.DGRAD_UPSTREAM_GRADIENT], whole[Operand.DGRAD_UPSTREAM_GRADIENT][tokens])
+        assert torch.equal(shard[Operand.WGRAD_UPSTREAM_GRADIENT], whole[Operand.WGRAD_UPSTREAM_GRADIENT][:, tokens])

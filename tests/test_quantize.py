@@ -608,13 +608,18 @@ def _mx_hard_tensor(seed: int) -> torch.Tensor:
 
 
 MX_CEIL = BlockScheme(name="mxfp4_ceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_CEIL)
+MX_RCEIL = BlockScheme(name="mxfp4_rceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_RCEIL)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     ("scheme", "mode"),
-    [("mxfp4", ScaleCalculationMode.FLOOR), (MX_CEIL, ScaleCalculationMode.CEIL)],
-    ids=["floor", "ceil"],
+    [
+        ("mxfp4", ScaleCalculationMode.FLOOR),
+        (MX_CEIL, ScaleCalculationMode.CEIL),
+        (MX_RCEIL, ScaleCalculationMode.RCEIL),
+    ],
+    ids=["floor", "ceil", "rceil"],
 )
 @pytest.mark.parametrize("seed", range(3))
 def test_mxfp4_matches_torchao_to_mx_bit_exactly(scheme, mode, seed, backend):
@@ -624,7 +629,33 @@ def test_mxfp4_matches_torchao_to_mx_bit_exactly(scheme, mode, seed, backend):
     assert torch.equal(scales.view(torch.uint8).to(torch.int64), q.scale_codes)
     assert torch.equal(packed.view(torch.uint8), q.packed())
     assert q.scale_codes[0, 0].item() == 0 and q.dequantize()[0, :32].eq(0).all()  # zero block: code 0
-    assert q.scales[2, 0].item() == 2.0**-2  # amax exactly 2^0: floor(log2 amax) - 2
+    if mode is not ScaleCalculationMode.RCEIL:
+        assert q.scales[2, 0].item() == 2.0**-2  # amax exactly 2^0: floor(log2 amax) - 2
+
+
+def _te_float_to_e8m0(value: np.float32) -> int:
+    """Transcription of Transformer Engine's software ``float_to_e8m0`` (round the exponent up, satfinite)."""
+    if value == 0:
+        return 0
+    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    exponent, mantissa = bits >> 23, bits & 0x7FFFFF
+    if (mantissa > 0 and exponent != 0xFE) and not (exponent == 0 and mantissa <= 0x400000):
+        exponent += 1
+    return exponent
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mxfp4_rceil_matches_transformer_engines_float_to_e8m0_of_amax_times_one_sixth(backend):
+    rng = np.random.default_rng(9)
+    magnitudes = np.exp2(rng.uniform(-140, 120, 64 * 32)).astype(F32).reshape(64, 32)
+    magnitudes[:3] = 0
+    magnitudes[1, 0] = F32(6.0)  # amax/6 exactly 1: no round-up
+    magnitudes[2, 0] = F32(2.0**-125)  # descale 2^-125/6 rounds to an FP32 subnormal below 2^-127: code 0
+    q = quantize(torch.from_numpy(magnitudes), MX_RCEIL, backend=backend)
+    inv6 = F32(1) / F32(6)
+    expected = [_te_float_to_e8m0(F32(np.abs(row).max()) * inv6) for row in magnitudes]
+    assert q.scale_codes[:, 0].tolist() == expected
+    assert expected[1] == 127 and expected[2] == 0
 
 
 # ----- 2D tiles -----------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ Choices this module makes (the spec leaves them open):
 * Quantized arms: the recipe is ``ue5m3_b16`` with the overrides above; student activations between the layers
   and the outputs stay FP32 (``QuantLinear`` returns FP32 for FP32 inputs). ``"rne"`` sets the upstream-gradient
   rounding to RNE; ``"sr"`` keeps the recipe's own stochastic rounding (``sf``, 8 random bits per element). Those
-  bits come from torch's global generator; each run reseeds it with the seed inside ``torch.random.fork_rng``,
-  so every grid setting draws the same bits and the caller's RNG state is untouched.
+  bits are the Philox streams of the run seed (:class:`~ue5m3.numerics.philox.SRState`), so every grid setting
+  draws the same bits; the caller's RNG state is untouched.
 * BF16 arm (``rounding="bf16"``): FP32 master weights; each linear multiplies BF16-cast operands (activation
   and weight) with a BF16 result, as autocast would, and autograd carries the BF16 casts into the backward.
 * Evaluation: the student's forward on the eval inputs in the arm's numerics; quantized arms evaluate with a
@@ -44,6 +44,7 @@ from ue5m3.layers.linear import QuantLinear, convert
 from ue5m3.layers.recipes import Recipe
 from ue5m3.numerics.exact import is_grid
 from ue5m3.numerics.formats import Rounding
+from ue5m3.numerics.philox import SRState
 from ue5m3.numerics.scaling import ScaleState
 
 __all__ = [
@@ -189,13 +190,15 @@ def _data(cfg: GridControlConfig, seed: int) -> dict[str, torch.Tensor]:
     return d
 
 
-def _build(data: dict[str, torch.Tensor], cfg: GridControlConfig, grid: int | None, rounding: str) -> nn.Module:
+def _build(
+    data: dict[str, torch.Tensor], cfg: GridControlConfig, grid: int | None, rounding: str, seed: int
+) -> nn.Module:
     model = TeacherStudentMLP(operand_dtype=torch.bfloat16 if rounding == "bf16" else None)
     with torch.no_grad():
         model.up.weight.copy_(data["s_up"])
         model.down.weight.copy_(data["s_down"])
-    if rounding != "bf16":
-        convert(model, arm_recipe(cfg, grid, rounding), select=["up", "down"])
+    if rounding != "bf16":  # the SR stream of the seed: identical random bits for every grid setting
+        convert(model, arm_recipe(cfg, grid, rounding), select=["up", "down"], sr_state=SRState(seed))
     return model
 
 
@@ -223,15 +226,17 @@ def run_one(cfg: GridControlConfig, seed: int, grid: int | None, rounding: str) 
         raise ValueError(f"the bf16 arm has no GEMM snap; use grid=None, got {grid!r}")
     data = _data(cfg, seed)
     with torch.random.fork_rng(devices=[]):  # nn.Linear's init and the SR bits leave the caller's RNG alone
-        model = _build(data, cfg, grid, rounding)
+        model = _build(data, cfg, grid, rounding, seed)
         quant = [m for m in model.modules() if isinstance(m, QuantLinear)]
         state = quant[0].scale_state if quant else None
+        sr = quant[0].sr_state if quant else None
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         losses, norms = [], []
-        torch.manual_seed(seed)  # the SR stream: identical random bits for every grid setting
         for step, idx in enumerate(data["batches"], start=1):
             if state is not None:
                 state.begin_step(step)
+            if sr is not None:
+                sr.begin_step(step)
             opt.zero_grad(set_to_none=True)
             loss = F.mse_loss(model(data["x_train"][idx]), data["y_train"][idx])
             loss.backward()

@@ -32,7 +32,7 @@ from ue5m3 import models
 from ue5m3.artifacts import provenance, write_json
 from ue5m3.data import DataConfig, RandomTokenStream
 from ue5m3.layers import native_te, recipes
-from ue5m3.layers.linear import find_scale_state
+from ue5m3.layers.linear import find_scale_state, find_sr_state
 from ue5m3.layers.native_te import Execution
 from ue5m3.numerics.backend import Backend as NumericsBackend
 from ue5m3.numerics.kernels import cpu as cpu_kernel
@@ -268,9 +268,11 @@ def _fresh(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device, seq: 
 def _forward_backward(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device, seq: int) -> dict:
     """Logits, loss and every gradient (of the unscaled loss) of the first microbatch that training sees."""
     model, stream = _fresh(cfg, recipe, device, seq)
-    state = find_scale_state(model)
+    state, sr = find_scale_state(model), find_sr_state(model)
     if state is not None:
         state.begin_step(1)
+    if sr is not None:
+        sr.begin_step(1)
     captured: list[torch.Tensor] = []
     handle = model.register_forward_hook(lambda _module, _inputs, output: captured.append(_cpu(output)))
     inputs, targets = stream.next_batch(cfg.micro_batch)

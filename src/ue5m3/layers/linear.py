@@ -29,6 +29,8 @@ from torch import nn
 from ue5m3.layers.recipes import GemmConfig, GemmModel, Operand, OperandSpec, Recipe
 from ue5m3.numerics import gemm, hadamard
 from ue5m3.numerics.backend import Backend
+from ue5m3.numerics.formats import Rounding
+from ue5m3.numerics.philox import ElementIndex, RandomStream, SRState
 from ue5m3.numerics.quantize import BlockScheme, QuantizedTensor, get_scheme, quantize
 from ue5m3.numerics.scaling import OperandRole, ScaleState
 
@@ -40,6 +42,7 @@ __all__ = [
     "convert",
     "find_scale_state",
     "find_quant_stats",
+    "find_sr_state",
     "QuantStats",
     "layer_index",
     "quantize_operand",
@@ -76,9 +79,13 @@ def quantize_operand(
     name: str,
     stochastic: bool = True,
     backend: Backend = Backend.AUTO,
+    stream: RandomStream | None = None,
+    index: ElementIndex | None = None,
 ) -> QuantizedTensor:
-    """Quantize one GEMM operand as its spec says (the single place every operand passes through)."""
+    """Quantize one GEMM operand as its spec says (the single place every operand passes through); stochastic
+    rounding draws the Philox bits of ``stream`` at the global indices ``index`` places the operand at."""
     rounding = spec.rounding if stochastic or spec.rounding.random_bit_count == 0 else "rne"
+    stochastic_now = Rounding(rounding).random_bit_count > 0
     return quantize(
         tensor,
         scheme,
@@ -89,6 +96,8 @@ def quantize_operand(
         axis=axis,
         name=name,
         backend=backend,
+        stream=stream if stochastic_now else None,
+        index=index if stochastic_now else None,
     )
 
 
@@ -158,6 +167,7 @@ class FP4Matmul(torch.autograd.Function):
         state: ScaleState | None,
         stats: QuantStats,
         stochastic: bool,
+        sr: SRState | None,
     ) -> torch.Tensor:
         ops, name = policy.operands, policy.module
         ref_x = state.reference(OperandRole.ACTIVATION, name, x) if state is not None else None
@@ -185,14 +195,23 @@ class FP4Matmul(torch.autograd.Function):
         y = run_gemm(x_q, wt_q, policy.gemm, backend=policy.backend)  # [T, out] FP32
         ctx.save_for_backward(x, weight)
         ctx.policy, ctx.state, ctx.stats, ctx.refs, ctx.stochastic = policy, state, stats, (ref_x, ref_w), stochastic
+        ctx.sr = sr
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         x, weight = ctx.saved_tensors
         policy, state, (ref_x, ref_w) = ctx.policy, ctx.state, ctx.refs
-        ops, name, scheme = policy.operands, policy.module, policy.scheme
+        ops, name, scheme, sr = policy.operands, policy.module, policy.scheme, ctx.sr
         dy = grad_y.to(torch.float32)
+
+        def bits(operand: Operand, shape: tuple[int, ...], token_axis: int) -> dict:
+            """This call site's Philox stream and the operand's place in the global microbatch (none without an
+            SRState: the quantizer then seeds a fresh stream from torch's generator)."""
+            if sr is None:
+                return {}
+            return {"stream": sr.stream(name, operand.value), "index": sr.token_index(shape, token_axis)}
+
         # One dY reference shared by both backward GEMMs.
         ref_dy = state.reference(OperandRole.UPSTREAM_GRADIENT, name, dy) if state is not None else None
 
@@ -206,6 +225,7 @@ class FP4Matmul(torch.autograd.Function):
             name=f"{name}.dgrad.dy",
             stochastic=ctx.stochastic,
             backend=policy.backend,
+            **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
         )
         # wgrad, quantizations: A = dY^T [out, T] along tokens (RHT'd with current amax if configured)
         dyt, dyt_current = _wgrad_operand(dy.t(), ops[Operand.WGRAD_UPSTREAM_GRADIENT])
@@ -218,6 +238,7 @@ class FP4Matmul(torch.autograd.Function):
             name=f"{name}.wgrad.dyt",
             stochastic=ctx.stochastic,
             backend=policy.backend,
+            **bits(Operand.WGRAD_UPSTREAM_GRADIENT, tuple(dyt.shape), 1),
         )
         # dgrad: B = W [out, in] along out (the same 2D tiles as the forward pass)
         w_q = quantize_operand(
@@ -245,7 +266,7 @@ class FP4Matmul(torch.autograd.Function):
             ctx.stats.add(q)
         grad_x = run_gemm(dy_q, w_q, policy.gemm, backend=policy.backend)  # dgrad: [T, out] @ [out, in] -> [T, in]
         grad_w = run_gemm(dyt_q, x_q, policy.gemm, backend=policy.backend)  # wgrad: [out, T] @ [T, in] -> [out, in]
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None, None, None
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None, None, None, None
 
 
 class QuantLinear(nn.Module):
@@ -263,6 +284,7 @@ class QuantLinear(nn.Module):
         scale_state: ScaleState | None,
         stats: QuantStats | None = None,
         *,
+        sr_state: SRState | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
@@ -272,14 +294,22 @@ class QuantLinear(nn.Module):
         self.policy = policy
         self.scale_state = scale_state
         self.stats = stats if stats is not None else QuantStats()
+        self.sr_state = sr_state
         self.inference = False
 
     @classmethod
     def from_float(
-        cls, linear: nn.Linear, policy: LinearPolicy, scale_state: ScaleState | None, stats: QuantStats | None = None
+        cls,
+        linear: nn.Linear,
+        policy: LinearPolicy,
+        scale_state: ScaleState | None,
+        stats: QuantStats | None = None,
+        sr_state: SRState | None = None,
     ) -> QuantLinear:
         """Build a shell on the meta device and attach the original Parameter objects."""
-        module = cls(linear.in_features, linear.out_features, policy, scale_state, stats, device="meta")
+        module = cls(
+            linear.in_features, linear.out_features, policy, scale_state, stats, sr_state=sr_state, device="meta"
+        )
         module.weight = linear.weight
         module.bias = linear.bias
         return module
@@ -292,7 +322,13 @@ class QuantLinear(nn.Module):
         # (..., in) -> (T, in)
         x2d = x.reshape(-1, self.in_features)
         y = FP4Matmul.apply(
-            x2d.to(torch.float32), self.weight, self.policy, self.scale_state, self.stats, not self.inference
+            x2d.to(torch.float32),
+            self.weight,
+            self.policy,
+            self.scale_state,
+            self.stats,
+            not self.inference,
+            self.sr_state,
         )
         if self.bias is not None:
             y = y + self.bias.to(torch.float32)
@@ -345,6 +381,7 @@ def convert(
     *,
     select: Selector,
     scale_state: ScaleState | None = None,
+    sr_state: SRState | None = None,
     backend: Backend | str = Backend.AUTO,
 ) -> tuple[ConversionRecord, ...]:
     """Swap the selected exact ``nn.Linear`` modules of ``model`` for :class:`QuantLinear` under ``recipe``.
@@ -356,6 +393,9 @@ def convert(
             nobody silently decides whether, say, the output head is quantized.
         scale_state: the shared tensor-reference state; a new ``ScaleState(recipe.interval)`` by default (or the
             one already attached to converted modules).
+        sr_state: the run's stochastic-rounding counters (seed, step, microbatch, data-parallel shard), shared by
+            every converted layer; None keeps one already attached, else each stochastic quantization seeds a fresh
+            Philox stream from torch's generator.
         backend: who computes the converted layers' quantizations and GEMMs (results do not depend on it).
 
     Returns:
@@ -383,6 +423,7 @@ def convert(
     if state is None and recipe.gemm.model is not GemmModel.BF16:
         state = ScaleState(recipe.interval)
     stats = find_quant_stats(model) or QuantStats()
+    sr_state = sr_state or find_sr_state(model)
     records = []
     for name, module in chosen:
         layer = layer_index(name)
@@ -410,7 +451,7 @@ def convert(
                 gemm=recipe.gemm,
                 backend=Backend(backend),
             )
-            _set_submodule(model, name, QuantLinear.from_float(module, policy, state, stats))
+            _set_submodule(model, name, QuantLinear.from_float(module, policy, state, stats, sr_state))
     return tuple(records)
 
 
@@ -431,4 +472,12 @@ def find_scale_state(model: nn.Module) -> ScaleState | None:
 def find_quant_stats(model: nn.Module) -> QuantStats | None:
     """The QuantStats shared by the model's QuantLinear modules (None if none are converted)."""
     found = {id(m.stats): m.stats for m in model.modules() if isinstance(m, QuantLinear)}
+    return next(iter(found.values()), None)
+
+
+def find_sr_state(model: nn.Module) -> SRState | None:
+    """The SRState shared by the model's QuantLinear modules (None if none is attached)."""
+    found = {id(m.sr_state): m.sr_state for m in model.modules() if isinstance(m, QuantLinear) and m.sr_state}
+    if len(found) > 1:
+        raise ValueError("the model's FP4 linears use different SR states; convert with one shared state")
     return next(iter(found.values()), None)

@@ -13,8 +13,9 @@ is, never on the device, the thread count, the order of work or how the tensor i
 One Philox call yields 128 bits. Modes with 8 random bits (``sf``, ``sr_te``) give each element one 32-bit word
 (element i uses word ``i % 4`` of counter ``i // 4``) and keep its top 8 bits; ``sr`` (53 bits) gives each
 element two words (words ``2 (i % 2)`` and ``2 (i % 2) + 1`` of counter ``i // 2``: all 32 bits of the first
-above the top 21 of the second, see :func:`bits_from_words`). The C kernel (``kernels/csrc/philox.h``) and the GPU kernels compute exactly
-these bits in place; :func:`random_bits` here is the reference and materialises them (tests, the torch path).
+above the top 21 of the second, see :func:`bits_from_words`).
+The C kernel (``kernels/csrc/philox.h``) and the GPU kernels compute exactly these bits in place;
+:func:`random_bits` here is the reference and materialises them (tests, the torch path).
 
 Resuming a run needs nothing beyond the step counter a checkpoint already holds: the bits of step s are a pure
 function of (seed, module, role, s, microbatch, index).
@@ -41,6 +42,7 @@ __all__ = [
     "random_bits",
     "stream_key",
     "bits_from_words",
+    "SRState",
 ]
 
 PHILOX_M0 = 0xD2511F53
@@ -201,7 +203,9 @@ def bits_from_words(words: tuple[torch.Tensor, ...], lane: torch.Tensor, bit_cou
     32 and word ``2 lane + 1`` the rest (its top bits), concatenated as one integer.
     """
     if bit_count <= 32:
-        word = torch.where(lane == 0, words[0], torch.where(lane == 1, words[1], torch.where(lane == 2, words[2], words[3])))
+        word = torch.where(
+            lane == 0, words[0], torch.where(lane == 1, words[1], torch.where(lane == 2, words[2], words[3]))
+        )
         return word >> (32 - bit_count)
     high = torch.where(lane == 0, words[0], words[2])
     low = torch.where(lane == 0, words[1], words[3])
@@ -226,3 +230,47 @@ def random_bits(
     group = global_index // per
     words = philox4x32((group & _MASK32, group >> 32, stream.step, stream.microbatch), stream.key)
     return bits_from_words(words, global_index % per, bit_count)
+
+
+class SRState:
+    """The stochastic-rounding counters of a training run, shared by a model's FP4 linears.
+
+    Holds the run seed and this process's data-parallel shard (rank ``rank`` of ``world`` holds the rank-th
+    contiguous slice of every global microbatch, as :class:`ue5m3.data.loader.BatchStream` deals them), and the
+    step and microbatch the trainer opens. :meth:`stream` names the bits of one quantizer call site and
+    :meth:`token_index` places a local operand in the global microbatch, so the bits are those of a single-process
+    run of the same global batch. Nothing here needs checkpointing beyond the step a checkpoint already holds.
+    """
+
+    def __init__(self, seed: int, *, rank: int = 0, world: int = 1) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"SRState seed must be a non-negative int, got {seed!r}")
+        if not 0 <= rank < world:
+            raise ValueError(f"SRState needs 0 <= rank < world, got rank {rank!r}, world {world!r}")
+        self.seed, self.rank, self.world = seed, rank, world
+        self.step, self.microbatch = 0, 0
+
+    def begin_step(self, step: int) -> None:
+        """Open optimizer step ``step`` (its first microbatch is 0)."""
+        self.step, self.microbatch = step, 0
+
+    def begin_microbatch(self, index: int) -> None:
+        self.microbatch = index
+
+    def stream(self, module: str, role: str) -> RandomStream:
+        return RandomStream(seed=self.seed, module=module, role=role, step=self.step, microbatch=self.microbatch)
+
+    def token_index(self, shape: tuple[int, ...], token_axis: int) -> ElementIndex | None:
+        """Where a local operand with tokens along ``token_axis`` sits in the global microbatch (None: world 1)."""
+        if self.world == 1:
+            return None
+        global_shape, offset = list(shape), [0] * len(shape)
+        global_shape[token_axis] = shape[token_axis] * self.world
+        offset[token_axis] = shape[token_axis] * self.rank
+        return ElementIndex(tuple(global_shape), tuple(offset))
+
+    def __repr__(self) -> str:
+        return (
+            f"SRState(seed={self.seed}, rank={self.rank}, world={self.world}, step={self.step}, "
+            f"microbatch={self.microbatch})"
+        )

@@ -26,9 +26,9 @@ kernel for UE5M3, Transformer Engine's dequantize kernel for NVFP4 (finite for e
 for MXFP4.
 
 Stochastic rounding draws its bits from Philox4x32-10 keyed by a :class:`~ue5m3.numerics.philox.RandomStream`
-and each element's global index (:class:`~ue5m3.numerics.philox.ElementIndex`), on every backend the same. :func:`quantize` returns a :class:`QuantizedTensor` holding payload,
-scale codes, decoded scales, the tensor reference and diagnostics (blocks whose scale rounded to zero,
-blocks that saturated the scale format).
+and each element's global index (:class:`~ue5m3.numerics.philox.ElementIndex`), on every backend the same.
+:func:`quantize` returns a :class:`QuantizedTensor` holding payload, scale codes, decoded scales, the tensor
+reference and diagnostics (blocks whose scale rounded to zero, blocks that saturated the scale format).
 """
 
 from __future__ import annotations

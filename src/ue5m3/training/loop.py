@@ -39,8 +39,9 @@ from tqdm import tqdm
 from ue5m3 import models
 from ue5m3.artifacts import atomic_path, provenance, write_json
 from ue5m3.layers import native_te, recipes
-from ue5m3.layers.linear import convert, find_quant_stats, find_scale_state
+from ue5m3.layers.linear import convert, find_quant_stats, find_scale_state, find_sr_state
 from ue5m3.layers.native_te import Execution
+from ue5m3.numerics.philox import SRState
 from ue5m3.training import checkpoint
 from ue5m3.training.config import RESOLVED_CONFIG, OptimConfig, TrainConfig
 
@@ -108,8 +109,12 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
         model.to_empty(device=device)
         model.load_state_dict(initial_state(cfg))
         return model, native_te.convert_native(model, recipe, select=list(select))
-    records = convert(model, recipe, select=select, backend=cfg.backend)
-    _, world = _world()
+    rank, world = _world()
+    # SR bits are Philox streams of (seed, module, role, step, microbatch, global index): the same on any device,
+    # thread count or world size (each rank's tokens sit at their place in the global microbatch)
+    records = convert(
+        model, recipe, select=select, sr_state=SRState(cfg.seed, rank=rank, world=world), backend=cfg.backend
+    )
     if world > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -163,14 +168,18 @@ def train_step(
     recipe: recipes.Recipe | None = None,
 ) -> dict[str, float]:
     """One optimizer step: open the scale step, accumulate microbatches, clip, AdamW."""
-    state = find_scale_state(model)
+    state, sr = find_scale_state(model), find_sr_state(model)
     if state is not None:
         state.begin_step(step)  # once per optimizer step: every microbatch uses the first one's references
+    if sr is not None:
+        sr.begin_step(step)
     lr = lr_at(step, cfg.steps, cfg.optim)
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = 0.0
-    for _ in range(cfg.accumulation):
+    for microbatch in range(cfg.accumulation):
+        if sr is not None:
+            sr.begin_microbatch(microbatch)
         inputs, targets = stream.next_batch(cfg.micro_batch)
         if cfg.execution is Execution.NATIVE_TE:
             with native_te.autocast(recipe):
@@ -314,7 +323,7 @@ def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: in
     """Run (or resume) training; returns the final record's path, or None when stopped early by ``stop_after``."""
     rank, world = _world()
     run_dir = Path(cfg.run_dir)
-    torch.manual_seed(cfg.seed + rank)  # stochastic rounding stream per rank; init weights come from cfg.seed
+    torch.manual_seed(cfg.seed + rank)  # any torch randomness per rank; SR bits and init weights come from cfg.seed
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     recipe = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
