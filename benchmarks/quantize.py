@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from ue5m3.numerics.philox import RandomStream
 from ue5m3.numerics.quantize import quantize
 
 
@@ -40,13 +41,18 @@ def main() -> None:
     args = parser.parse_args()
     x = torch.randn(args.size, args.size, generator=torch.Generator().manual_seed(0))
     n = x.numel()
+    stream = RandomStream(
+        seed=0, module="bench", role="dgrad_upstream_gradient", step=1
+    )  # Philox bits, drawn in-kernel
     cases = {
         "copy (x.clone())": lambda: x.clone(),
         "ue5m3_b16 1D": lambda: quantize(x, "ue5m3_b16"),
         "ue5m3_b16 2D tiles": lambda: quantize(x, "ue5m3_b16", two_d=True),
         "nvfp4 (TE order)": lambda: quantize(x, "nvfp4"),
         "mxfp4 (OCP floor)": lambda: quantize(x, "mxfp4"),
-        "ue5m3_b16 1D, SF rounding": lambda: quantize(x, "ue5m3_b16", rounding="sf"),
+        "ue5m3_b16 1D, SF rounding": lambda: quantize(x, "ue5m3_b16", rounding="sf", stream=stream),
+        "nvfp4, sr_te rounding": lambda: quantize(x, "nvfp4", rounding="sr_te", stream=stream),
+        "ue5m3_b16 1D, SR (53 bits)": lambda: quantize(x, "ue5m3_b16", rounding="sr", stream=stream),
         "ue5m3_b16 1D, torch reference": lambda: quantize(x, "ue5m3_b16", backend="torch"),
         "nvfp4, torch reference": lambda: quantize(x, "nvfp4", backend="torch"),
     }

@@ -111,7 +111,31 @@ def _blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torc
         scale = scale.repeat_interleave(block, 1)
     else:
         scale = scale.repeat_interleave(block, 0)
-    return twice_payload, scale
+    rows, cols = twice_payload.shape
+    return twice_payload, scale[:rows, :cols]  # ragged tiles: the padded grid's extra cells hold no operand
+
+
+def _block_span_bits(q: QuantizedTensor, operand: str, block: int, width: int, n: int) -> torch.Tensor:
+    """Like :func:`_span_bits` from per-block data only (no per-element pass): the leading bit is bounded by the
+    element format's max times the block scale and blocks whose input is all zero do not count. Returns
+    [rows, slices] for A, [slices, cols] for B."""
+    scale = q.scales.to(torch.float64)
+    nonzero = q.layout.scales_from_blocks(q.block_amax) > 0
+    if q.layout.two_d:  # [K/B, N/B] tiles -> one entry per column
+        scale = scale.repeat_interleave(block, 1)[:, :n]
+        nonzero = nonzero.repeat_interleave(block, 1)[:, :n]
+    if operand == "B":  # [K/B, cols] -> the A-like layout [cols, K/B]
+        scale, nonzero = scale.t(), nonzero.t()
+    _, lead = torch.frexp(scale * q.scheme.element.max_finite)  # |payload * scale| < 2^lead
+    _, exp_scale = torch.frexp(scale)
+    lead = torch.where(nonzero, lead, torch.full_like(lead, -(1 << 20)))
+    lowest = torch.where(nonzero, exp_scale - 1 - q.scheme.scale.mantissa_bits - 1, torch.full_like(exp_scale, 1 << 20))
+    per_slice = width // block
+    rows = scale.shape[0]
+    hi = lead.reshape(rows, -1, per_slice).amax(-1)
+    lo = lowest.reshape(rows, -1, per_slice).amin(-1)
+    span = torch.clamp(hi - lo, min=0)
+    return span if operand == "A" else span.t()
 
 
 def _span_bits(
@@ -172,6 +196,24 @@ def _take(
     if cols is not None:
         out.update({key: ops[key][:, cols] for key in ("b2", "sb", "enc_b", "span_b")})
     return out
+
+
+def _exact_operands(
+    a_q: QuantizedTensor, b_q: QuantizedTensor, block: int, width: int, blocked: tuple | None = None
+) -> dict[str, torch.Tensor]:
+    """Everything the exact probe_matched path reads: integer payloads, per-element scales, FP64 encoded values
+    and the per-row/column slice spans."""
+    a2, sa, b2, sb = blocked or (*_blocked_along_k(a_q, "A", block), *_blocked_along_k(b_q, "B", block))
+    return {
+        "a2": a2,
+        "sa": sa,
+        "b2": b2,
+        "sb": sb,
+        "enc_a": _encoded_fp64(a2, sa),
+        "enc_b": _encoded_fp64(b2, sb),
+        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, block, width, dim=1),
+        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, block, width, dim=0),
+    }
 
 
 def _probe_matched_rows(
@@ -282,6 +324,34 @@ def _mma_sim_tile(a2, sa, b2, sb, width, min_exp_a, min_exp_b) -> torch.Tensor:
     return acc
 
 
+def _probe_kernel(
+    a_q: QuantizedTensor, b_q: QuantizedTensor, block: int, width: int, rtz: bool, grid: int | None, alpha
+) -> torch.Tensor:
+    """The fused probe_matched GEMM: the FP32 payload kernel where it applies (AVX2, blocks of 16 or 32, scales
+    within 2^+-100 so every FP32 product and sub-block sum stays normal and exact), else the FP64 encoded one."""
+    smallest = min(float(a_q.scale_values.min()), float(b_q.scale_values.min())) if a_q.scale_values.numel() else 1.0
+    largest = max(float(a_q.scale_values.max()), float(b_q.scale_values.max())) if a_q.scale_values.numel() else 1.0
+    positive = [float(t[t > 0].min()) for t in (a_q.scale_values, b_q.scale_values) if bool((t > 0).any())]
+    in_range = largest <= 2.0**100 and min(positive, default=1.0) >= 2.0**-100 and smallest >= 0
+    if cpu_kernel.has_payload_gemm() and block % 16 == 0 and not a_q.layout.two_d and in_range:
+        return cpu_kernel.probe_gemm_payload(
+            a_q.payload,
+            a_q.scales,
+            b_q.payload,
+            b_q.scales,
+            block=block,
+            column_block=block if b_q.layout.two_d else 1,
+            width=width,
+            rtz=rtz,
+            grid=grid,
+            alpha=float(alpha),
+        )
+    huge = largest > 2.0**100  # FP32 encoded values could overflow
+    enc_a = a_q.encoded() if not huge else _encoded_fp64(*_blocked_along_k(a_q, "A", block))
+    enc_b = b_q.encoded() if not huge else _encoded_fp64(*_blocked_along_k(b_q, "B", block))
+    return cpu_kernel.probe_gemm(enc_a, enc_b, width=width, rtz=rtz, grid=grid, alpha=float(alpha))
+
+
 def _use_kernel(backend: Backend, model: OutputModel, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the fused C kernel computes this probe_matched GEMM; ``cpu_kernel`` refuses what it cannot take."""
     if backend is Backend.TORCH:
@@ -341,6 +411,33 @@ def matmul(
     if slice_width % block or k % slice_width:
         raise ValueError(f"K={k} must be a multiple of slice_width={slice_width}, itself a multiple of {block}")
     check_grid(final_grid, "final_grid")
+    guard = math.ceil(math.log2(slice_width))
+    row_budget = (53 - guard) // 2
+    if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
+        # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
+        # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
+        span_a = _block_span_bits(a_q, "A", block, slice_width, n)
+        span_b = _block_span_bits(b_q, "B", block, slice_width, n)
+        bad_rows = torch.nonzero((span_a > row_budget).any(1)).flatten()
+        bad_cols = torch.nonzero((span_b > 53 - guard - row_budget).any(0)).flatten()
+        out = _probe_kernel(a_q, b_q, block, slice_width, cross_slice_rounding is Rounding.RTZ, final_grid, scale)
+        if bad_rows.numel() or bad_cols.numel():
+            ops = _exact_operands(a_q, b_q, block, slice_width)
+            if bad_rows.numel():
+                out[bad_rows] = (
+                    _probe_matched_rows(
+                        _take(ops, bad_rows, None), block, slice_width, cross_slice_rounding, final_grid
+                    )
+                    * scale
+                )
+            if bad_cols.numel():
+                out[:, bad_cols] = (
+                    _probe_matched_rows(
+                        _take(ops, None, bad_cols), block, slice_width, cross_slice_rounding, final_grid
+                    )
+                    * scale
+                )
+        return out
     a2, sa = _blocked_along_k(a_q, "A", block)
     b2, sb = _blocked_along_k(b_q, "B", block)
     out = torch.empty(m, n, dtype=torch.float32, device=a2.device)
@@ -353,36 +450,7 @@ def matmul(
             )
         return out * scale
     slices = k // slice_width
-    ops = {
-        "a2": a2,
-        "sa": sa,
-        "b2": b2,
-        "sb": sb,
-        "enc_a": _encoded_fp64(a2, sa),
-        "enc_b": _encoded_fp64(b2, sb),
-        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, block, slice_width, dim=1),
-        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, block, slice_width, dim=0),
-    }
-    guard = math.ceil(math.log2(slice_width))
-    row_budget = (53 - guard) // 2
-    bad_rows = torch.nonzero((ops["span_a"] > row_budget).any(1)).flatten()
-    bad_cols = torch.nonzero((ops["span_b"] > 53 - guard - row_budget).any(0)).flatten()
-    if _use_kernel(backend, model, a2, b2):
-        # Fused slice-wise GEMM (bit-identical to the path below where FP64 slice sums are exact); outputs
-        # touching an inexact slice are then recomputed through the exact path.
-        out = cpu_kernel.probe_gemm(
-            ops["enc_a"], ops["enc_b"], width=slice_width, rtz=cross_slice_rounding is Rounding.RTZ
-        )
-        out = snap(out, final_grid)
-        if bad_rows.numel():
-            out[bad_rows] = _probe_matched_rows(
-                _take(ops, bad_rows, None), block, slice_width, cross_slice_rounding, final_grid
-            )
-        if bad_cols.numel():
-            out[:, bad_cols] = _probe_matched_rows(
-                _take(ops, None, bad_cols), block, slice_width, cross_slice_rounding, final_grid
-            )
-        return out * scale
+    ops = _exact_operands(a_q, b_q, block, slice_width, (a2, sa, b2, sb))
     rows_per_tile = max(1, tile_elements // max(n * slices, 1))
     for r0 in range(0, m, rows_per_tile):
         rows = torch.arange(r0, min(m, r0 + rows_per_tile), device=a2.device)

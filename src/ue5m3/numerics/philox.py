@@ -178,14 +178,16 @@ class ElementIndex:
         base = sum(o * s for o, s in zip(offset, strides, strict=True))
         return base, tuple(strides)
 
-    def indices(self, shape: tuple[int, ...], name: str = "x") -> torch.Tensor:
-        """Global row-major index of every local element (int64, shaped like the tensor)."""
+    def indices(
+        self, shape: tuple[int, ...], name: str = "x", device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        """Global row-major index of every local element (int64, shaped like the tensor, on ``device``)."""
         base, strides = self.strides(shape, name)
-        index = torch.full(tuple(shape), base, dtype=torch.int64)
+        index = torch.full(tuple(shape), base, dtype=torch.int64, device=device)
         for d, (n, s) in enumerate(zip(shape, strides, strict=True)):
             view = [1] * len(shape)
             view[d] = n
-            index = index + torch.arange(n, dtype=torch.int64).reshape(view) * s
+            index = index + torch.arange(n, dtype=torch.int64, device=device).reshape(view) * s
         return index
 
 
@@ -219,14 +221,16 @@ def random_bits(
     *,
     index: ElementIndex | None = None,
     name: str = "x",
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The random integers in [0, 2^bit_count) a stochastic rounding of a tensor of ``shape`` consumes (int64).
+    """The random integers in [0, 2^bit_count) a stochastic rounding of a tensor of ``shape`` consumes (int64, on
+    ``device``: computed there, no host round trip).
 
     Element bits depend only on ``stream`` and the element's global index (see :class:`ElementIndex`), so two
     shardings of one tensor draw the same bits element for element.
     """
     per = elements_per_counter(bit_count)
-    global_index = (index or ElementIndex()).indices(tuple(shape), name)
+    global_index = (index or ElementIndex()).indices(tuple(shape), name, device)
     group = global_index // per
     words = philox4x32((group & _MASK32, group >> 32, stream.step, stream.microbatch), stream.key)
     return bits_from_words(words, global_index % per, bit_count)

@@ -509,7 +509,9 @@ def quantize(
     elif use_kernel:
         bits = None  # the kernel draws the stream's Philox bits itself
     else:
-        bits = philox.random_bits(stream, tuple(x.shape), rounding.random_bit_count, index=index, name=name)
+        bits = philox.random_bits(
+            stream, tuple(x.shape), rounding.random_bit_count, index=index, name=name, device=x.device
+        )
     if use_kernel or tensor_amax is not None:
         # One pass for finiteness (and the current amax): aminmax propagates NaN and Inf.
         low, high = torch.aminmax(x) if x.numel() else (torch.zeros(()), torch.zeros(()))

@@ -24,7 +24,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["available", "load", "quantize_blocks", "probe_gemm", "CompileError"]
+__all__ = [
+    "available",
+    "load",
+    "quantize_blocks",
+    "probe_gemm",
+    "probe_gemm_payload",
+    "has_payload_gemm",
+    "CompileError",
+]
 
 SOURCES = ("block_quantize.c", "accumulate.c")
 HEADERS = ("philox.h",)
@@ -98,8 +106,12 @@ def load() -> ctypes.CDLL:
     fn.argtypes += [i32, u32, u32, u32, u32, i32, p, i64, i64, i64, p, p, p, p, p]
     fn.restype = None
     probe = lib.ue5m3_probe_gemm
-    probe.argtypes = [p, p, i64, i64, i64, i64, i32, p]
+    probe.argtypes = [p, p, i32, i64, i64, i64, i64, i32, f32, f32, p]
     probe.restype = ctypes.c_int
+    payload = lib.ue5m3_probe_gemm_payload
+    payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p]
+    payload.restype = ctypes.c_int
+    lib.ue5m3_has_payload_gemm.restype = ctypes.c_int
     return lib
 
 
@@ -189,16 +201,86 @@ def quantize_blocks(
     return {"payload": payload, "flags": flags, **per_block}
 
 
-def probe_gemm(enc_a: torch.Tensor, enc_b: torch.Tensor, *, width: int, rtz: bool) -> torch.Tensor:
-    """Slice-wise GEMM of FP64 encoded operands whose slice sums are exact in FP64 (caller-checked).
+def probe_gemm(
+    enc_a: torch.Tensor,
+    enc_b: torch.Tensor,
+    *,
+    width: int,
+    rtz: bool,
+    grid: int | None = None,
+    alpha: float = 1.0,
+) -> torch.Tensor:
+    """Slice-wise GEMM of encoded operands (FP32 or FP64, the same dtype) whose slice sums are exact in FP64
+    (caller-checked).
 
-    Returns the FP32 accumulator [M, N]: each slice sum rounded once to FP32, combined in K order.
+    Returns the FP32 result [M, N]: each slice sum rounded once to FP32, combined in K order, snapped to the 1/grid
+    lattice (ties to even) and multiplied by ``alpha``, all in FP32 as the torch path does.
     """
-    if enc_a.dtype != torch.float64 or enc_b.dtype != torch.float64 or enc_a.shape[1] != enc_b.shape[0]:
-        raise ValueError("probe_gemm takes FP64 operands A [M, K] and B [K, N]")
+    if enc_a.dtype != enc_b.dtype or enc_a.dtype not in (torch.float32, torch.float64):
+        raise ValueError("probe_gemm takes FP32 or FP64 operands of one dtype")
+    if enc_a.ndim != 2 or enc_b.ndim != 2 or enc_a.shape[1] != enc_b.shape[0]:
+        raise ValueError("probe_gemm takes operands A [M, K] and B [K, N]")
     enc_a, enc_b = enc_a.contiguous(), enc_b.contiguous()
     (m, k), n = enc_a.shape, enc_b.shape[1]
     out = torch.empty(m, n, dtype=torch.float32)
-    if load().ue5m3_probe_gemm(enc_a.data_ptr(), enc_b.data_ptr(), m, n, k, width, int(rtz), out.data_ptr()):
-        raise MemoryError("probe_gemm could not allocate its packed copy of B")
+    f64 = int(enc_a.dtype == torch.float64)
+    status = load().ue5m3_probe_gemm(
+        enc_a.data_ptr(),
+        enc_b.data_ptr(),
+        f64,
+        m,
+        n,
+        k,
+        width,
+        int(rtz),
+        float(grid or 0),
+        float(alpha),
+        out.data_ptr(),
+    )
+    if status:
+        raise MemoryError("probe_gemm could not allocate its packed operands")
+    return out
+
+
+def has_payload_gemm() -> bool:
+    """Whether the FP32 payload path of the probe-matched GEMM was built (it needs AVX2 and FMA)."""
+    return bool(load().ue5m3_has_payload_gemm())
+
+
+def probe_gemm_payload(
+    payload_a: torch.Tensor,
+    scales_a: torch.Tensor,
+    payload_b: torch.Tensor,
+    scales_b: torch.Tensor,
+    *,
+    block: int,
+    column_block: int,
+    width: int,
+    rtz: bool,
+    grid: int | None,
+    alpha: float,
+) -> torch.Tensor:
+    """The probe-matched GEMM from payloads and block scales (see ``ue5m3_probe_gemm_payload``): A [M, K] with
+    scales [M, K/block], B [K, N] with scales [K/block, ceil(N/column_block)]; the same bits as
+    :func:`probe_gemm` on the encoded operands wherever the caller's span check holds."""
+    tensors = [t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b)]
+    (m, k), n = tensors[0].shape, tensors[2].shape[1]
+    if tensors[2].shape[0] != k or block % 16 or width % 16:
+        raise ValueError("probe_gemm_payload needs A [M, K], B [K, N] and blocks and slices of multiples of 16")
+    out = torch.empty(m, n, dtype=torch.float32)
+    status = load().ue5m3_probe_gemm_payload(
+        *(t.data_ptr() for t in tensors),
+        m,
+        n,
+        k,
+        block,
+        column_block,
+        width,
+        int(rtz),
+        float(grid or 0),
+        float(alpha),
+        out.data_ptr(),
+    )
+    if status:
+        raise MemoryError("probe_gemm_payload could not allocate its packed operands")
     return out

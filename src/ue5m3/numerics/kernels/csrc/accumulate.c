@@ -6,9 +6,16 @@
  * step s one ulp toward zero (for s != 0 that is the integer bit pattern minus one). Built without fast-math
  * and with FP contraction off, so every operation rounds exactly as the torch reference.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define UE5M3_AVX2 1
+#else
+#define UE5M3_AVX2 0
+#endif
 
 static inline uint32_t f2u(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float u2f(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
@@ -89,8 +96,233 @@ static void probe_tile_edge(const double *a, int64_t lda, const double *panel, i
         }
 }
 
-int ue5m3_probe_gemm(const double *a, const double *b, int64_t m, int64_t n, int64_t k, int64_t width, int rtz,
-                     float *c) {
+#if UE5M3_AVX2
+/* AVX2 + FMA path. Fused multiply-adds are exact here: every product of two encoded operands is exact in FP64
+ * (at most 8 significant bits each) and the caller guarantees every partial sum of a slice is exact too, so
+ * fma(a, b, s) = a * b + s with no rounding, whatever the order. 6 rows x 8 columns of FP64 slice sums live in 12
+ * registers; A and B are packed into K-major micro-panels (zero-padded) so the inner loop streams them. */
+#define AMR 6
+#define ANR 8
+
+static inline __m256 add_rtz8(__m256 a, __m256 b) {
+    __m256 s = _mm256_add_ps(a, b);
+    __m256 bb = _mm256_sub_ps(s, a);
+    __m256 err = _mm256_add_ps(_mm256_sub_ps(a, _mm256_sub_ps(s, bb)), _mm256_sub_ps(b, bb));
+    __m256 nonzero = _mm256_cmp_ps(err, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    __m256i opposite = _mm256_srai_epi32(_mm256_castps_si256(_mm256_xor_ps(err, s)), 31); /* sign(err) != sign(s) */
+    __m256 overshoot = _mm256_and_ps(nonzero, _mm256_castsi256_ps(opposite));
+    __m256 stepped = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32(1)));
+    return _mm256_blendv_ps(s, stepped, overshoot);
+}
+
+/* One 6 x 8 tile over kc (a multiple of width) K-steps; acc (6 x 8 floats) carries the FP32 accumulator. */
+static void micro_6x8(const double *ap, const double *bp, int64_t kc, int64_t width, int rtz, float *acc) {
+    for (int64_t s = 0; s < kc; s += width) {
+        __m256d c00 = _mm256_setzero_pd(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+        __m256d c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+        const double *a = ap + s * AMR, *b = bp + s * ANR;
+        for (int64_t k = 0; k < width; ++k, a += AMR, b += ANR) {
+            __m256d b0 = _mm256_loadu_pd(b), b1 = _mm256_loadu_pd(b + 4), x;
+            x = _mm256_broadcast_sd(a + 0); c00 = _mm256_fmadd_pd(x, b0, c00); c01 = _mm256_fmadd_pd(x, b1, c01);
+            x = _mm256_broadcast_sd(a + 1); c10 = _mm256_fmadd_pd(x, b0, c10); c11 = _mm256_fmadd_pd(x, b1, c11);
+            x = _mm256_broadcast_sd(a + 2); c20 = _mm256_fmadd_pd(x, b0, c20); c21 = _mm256_fmadd_pd(x, b1, c21);
+            x = _mm256_broadcast_sd(a + 3); c30 = _mm256_fmadd_pd(x, b0, c30); c31 = _mm256_fmadd_pd(x, b1, c31);
+            x = _mm256_broadcast_sd(a + 4); c40 = _mm256_fmadd_pd(x, b0, c40); c41 = _mm256_fmadd_pd(x, b1, c41);
+            x = _mm256_broadcast_sd(a + 5); c50 = _mm256_fmadd_pd(x, b0, c50); c51 = _mm256_fmadd_pd(x, b1, c51);
+        }
+        const __m256d lo[AMR] = {c00, c10, c20, c30, c40, c50}, hi[AMR] = {c01, c11, c21, c31, c41, c51};
+        for (int r = 0; r < AMR; ++r) {
+            /* each slice sum rounded once to FP32 (RNE conversion), then combined in K order */
+            __m256 p = _mm256_set_m128(_mm256_cvtpd_ps(hi[r]), _mm256_cvtpd_ps(lo[r]));
+            __m256 c = _mm256_loadu_ps(acc + r * ANR);
+            _mm256_storeu_ps(acc + r * ANR, rtz ? add_rtz8(c, p) : _mm256_add_ps(c, p));
+        }
+    }
+}
+
+#define KC 256 /* K-steps per pass over a tile (a multiple of every slice width used; checked below) */
+
+/* The payload path: FP32 fused multiply-adds on A's encoded values (payload * scale, <= 8 bits) and B's payload
+ * times its scale's significand (<= 8 bits). Inside a 16-element sub-block both scales are constant, so the 16
+ * products are integers of one quantum below 2^16 and every partial sum stays below 2^20 quanta: exact in FP32.
+ * At each sub-block's end the sum is widened, multiplied by B's scale exponent 2^e (exact) and added to the FP64
+ * slice sum (exact by the caller's span check), which is rounded once to FP32 per slice as before. FP32 lanes
+ * are twice as wide as FP64 ones; the sub-block ends cost a fraction of that back. */
+#define PNR 16
+#define SUB 16
+
+static void micro_payload_6x16(const float *ap, const float *bp, const double *bf, int64_t kc, int64_t width,
+                               int rtz, float *acc) {
+    for (int64_t s = 0; s < kc; s += width) {
+        __m256d slice[AMR][4];
+        for (int r = 0; r < AMR; ++r)
+            for (int q = 0; q < 4; ++q) slice[r][q] = _mm256_setzero_pd();
+        for (int64_t j = s; j < s + width; j += SUB) {
+            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+            __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+            const float *a = ap + j * AMR, *b = bp + j * PNR;
+            for (int k = 0; k < SUB; ++k, a += AMR, b += PNR) {
+                __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
+                x = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
+                x = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
+                x = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
+                x = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
+                x = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
+                x = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+            }
+            const double *f = bf + (j / SUB) * PNR;
+            __m256d f0 = _mm256_loadu_pd(f), f1 = _mm256_loadu_pd(f + 4), f2 = _mm256_loadu_pd(f + 8),
+                    f3 = _mm256_loadu_pd(f + 12);
+            const __m256 lo[AMR] = {c00, c10, c20, c30, c40, c50}, hi[AMR] = {c01, c11, c21, c31, c41, c51};
+            for (int r = 0; r < AMR; ++r) {
+                slice[r][0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo[r])), f0, slice[r][0]);
+                slice[r][1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo[r], 1)), f1, slice[r][1]);
+                slice[r][2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi[r])), f2, slice[r][2]);
+                slice[r][3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi[r], 1)), f3, slice[r][3]);
+            }
+        }
+        for (int r = 0; r < AMR; ++r)
+            for (int h = 0; h < 2; ++h) {
+                __m256 p = _mm256_set_m128(_mm256_cvtpd_ps(slice[r][2 * h + 1]), _mm256_cvtpd_ps(slice[r][2 * h]));
+                __m256 c = _mm256_loadu_ps(acc + r * PNR + 8 * h);
+                _mm256_storeu_ps(acc + r * PNR + 8 * h, rtz ? add_rtz8(c, p) : _mm256_add_ps(c, p));
+            }
+    }
+}
+
+/* significand in [1, 2) and exponent of a positive finite FP32 scale (zero: 0 and 0) */
+static inline float scale_significand(float s, int *e) {
+    if (s == 0.0f) { *e = 0; return 0.0f; }
+    float f = frexpf(s, e); /* s = f * 2^e, f in [0.5, 1) */
+    *e -= 1;
+    return f * 2.0f;
+}
+
+/* pa [M, K] payloads with scales sa [M, K / block]; pb [K, N] payloads with scales sb [K / block, ceil(N / cb)]
+ * (cb = 1 for 1D blocks along K, the tile side for 2D tiles). block and width are multiples of 16. */
+int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, const float *sb, int64_t m,
+                             int64_t n, int64_t k, int64_t block, int64_t cb, int64_t width, int rtz, float grid,
+                             float alpha, float *c) {
+    int64_t bands = (m + AMR - 1) / AMR, panels = (n + PNR - 1) / PNR, subs = k / SUB;
+    int64_t scols = (n + cb - 1) / cb, sblocks = k / block;
+    float *ap = (float *)calloc((size_t)(bands * k * AMR), sizeof(float));
+    float *bp = (float *)calloc((size_t)(panels * k * PNR), sizeof(float));
+    double *bf = (double *)calloc((size_t)(panels * subs * PNR), sizeof(double));
+    if (!ap || !bp || !bf) { free(ap); free(bp); free(bf); return 1; }
+#pragma omp parallel for schedule(static)
+    for (int64_t band = 0; band < bands; ++band)
+        for (int r = 0; r < AMR && band * AMR + r < m; ++r) {
+            int64_t row = band * AMR + r;
+            for (int64_t kk = 0; kk < k; ++kk)
+                ap[(band * k + kk) * AMR + r] = pa[row * k + kk] * sa[row * sblocks + kk / block];
+        }
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t j = 0; j < subs; ++j)
+            for (int t = 0; t < PNR && p * PNR + t < n; ++t) {
+                int64_t col = p * PNR + t, e;
+                int ei;
+                float sig = scale_significand(sb[((j * SUB) / block) * scols + col / cb], &ei);
+                e = ei;
+                bf[(p * subs + j) * PNR + t] = ldexp(1.0, (int)e);
+                for (int64_t kk = j * SUB; kk < (j + 1) * SUB; ++kk) bp[(p * k + kk) * PNR + t] = pb[kk * n + col] * sig;
+            }
+    int64_t kc = KC % width == 0 ? KC : width;
+    const int64_t band_block = 16;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bb = 0; bb < bands; bb += band_block) {
+        int64_t b_end = bb + band_block < bands ? bb + band_block : bands;
+        float *acc = (float *)calloc((size_t)((b_end - bb) * panels * AMR * PNR), sizeof(float));
+        if (!acc) {
+            failed = 1;
+            continue;
+        }
+        for (int64_t k0 = 0; k0 < k; k0 += kc) {
+            int64_t len = k - k0 < kc ? k - k0 : kc;
+            for (int64_t p = 0; p < panels; ++p)
+                for (int64_t band = bb; band < b_end; ++band)
+                    micro_payload_6x16(ap + (band * k + k0) * AMR, bp + (p * k + k0) * PNR,
+                                       bf + (p * subs + k0 / SUB) * PNR, len, width, rtz,
+                                       acc + ((band - bb) * panels + p) * AMR * PNR);
+        }
+        for (int64_t band = bb; band < b_end; ++band)
+            for (int64_t p = 0; p < panels; ++p)
+                for (int r = 0; r < AMR && band * AMR + r < m; ++r)
+                    for (int t = 0; t < PNR && p * PNR + t < n; ++t) {
+                        float v = acc[(((band - bb) * panels + p) * AMR + r) * PNR + t];
+                        if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
+                        c[(band * AMR + r) * n + p * PNR + t] = v * alpha;
+                    }
+        free(acc);
+    }
+    free(ap);
+    free(bp);
+    free(bf);
+    return failed;
+}
+
+/* a (M x K) and b (K x N) row-major, FP64 (f64 = 1) or FP32 operands; c = finish(acc) where finish snaps to the
+ * 1/grid lattice with ties to even (grid > 0) and multiplies by alpha (alpha != 1), both in FP32 like the torch path. */
+static int probe_gemm_avx2(const void *a, const void *b, int f64, int64_t m, int64_t n, int64_t k, int64_t width,
+                           int rtz, float grid, float alpha, float *c) {
+    int64_t bands = (m + AMR - 1) / AMR, panels = (n + ANR - 1) / ANR;
+    double *ap = (double *)calloc((size_t)(bands * k * AMR), sizeof(double));
+    double *bp = (double *)calloc((size_t)(panels * k * ANR), sizeof(double));
+    if (!ap || !bp) { free(ap); free(bp); return 1; }
+    const double *a64 = (const double *)a, *b64 = (const double *)b;
+    const float *a32 = (const float *)a, *b32 = (const float *)b;
+#pragma omp parallel for schedule(static)
+    for (int64_t band = 0; band < bands; ++band)
+        for (int r = 0; r < AMR && band * AMR + r < m; ++r) {
+            int64_t row = (band * AMR + r) * k;
+            for (int64_t kk = 0; kk < k; ++kk)
+                ap[(band * k + kk) * AMR + r] = f64 ? a64[row + kk] : (double)a32[row + kk];
+        }
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t kk = 0; kk < k; ++kk)
+            for (int t = 0; t < ANR && p * ANR + t < n; ++t) {
+                int64_t at = kk * n + p * ANR + t;
+                bp[(p * k + kk) * ANR + t] = f64 ? b64[at] : (double)b32[at];
+            }
+    int64_t kc = KC % width == 0 ? KC : width;
+    /* Row blocks of 16 bands (96 rows: their A chunk stays in L2) sweep every column panel per K chunk. */
+    const int64_t band_block = 16;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bb = 0; bb < bands; bb += band_block) {
+        int64_t b_end = bb + band_block < bands ? bb + band_block : bands;
+        float *acc = (float *)calloc((size_t)((b_end - bb) * panels * AMR * ANR), sizeof(float));
+        if (!acc) {
+            failed = 1;
+            continue;
+        }
+        for (int64_t k0 = 0; k0 < k; k0 += kc) {
+            int64_t len = k - k0 < kc ? k - k0 : kc;
+            for (int64_t p = 0; p < panels; ++p)
+                for (int64_t band = bb; band < b_end; ++band)
+                    micro_6x8(ap + (band * k + k0) * AMR, bp + (p * k + k0) * ANR, len, width, rtz,
+                              acc + ((band - bb) * panels + p) * AMR * ANR);
+        }
+        for (int64_t band = bb; band < b_end; ++band)
+            for (int64_t p = 0; p < panels; ++p)
+                for (int r = 0; r < AMR && band * AMR + r < m; ++r)
+                    for (int t = 0; t < ANR && p * ANR + t < n; ++t) {
+                        float v = acc[(((band - bb) * panels + p) * AMR + r) * ANR + t];
+                        if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
+                        c[(band * AMR + r) * n + p * ANR + t] = v * alpha;
+                    }
+        free(acc);
+    }
+    free(ap);
+    free(bp);
+    return failed;
+}
+#endif
+
+static int probe_gemm_generic(const double *a, const double *b, int64_t m, int64_t n, int64_t k, int64_t width,
+                              int rtz, float *c) {
     int64_t panels = (n + NR - 1) / NR;
     double *packed = (double *)calloc((size_t)(panels * k * NR), sizeof(double));
     if (!packed) return 1;
@@ -116,3 +348,45 @@ int ue5m3_probe_gemm(const double *a, const double *b, int64_t m, int64_t n, int
     free(packed);
     return 0;
 }
+
+/* The probe-matched GEMM of FP64 (f64 = 1) or FP32 encoded operands, finished with the lattice snap and alpha. */
+int ue5m3_probe_gemm(const void *a, const void *b, int f64, int64_t m, int64_t n, int64_t k, int64_t width, int rtz,
+                     float grid, float alpha, float *c) {
+#if UE5M3_AVX2
+    return probe_gemm_avx2(a, b, f64, m, n, k, width, rtz, grid, alpha, c);
+#else
+    const double *a64 = (const double *)a, *b64 = (const double *)b;
+    double *wa = NULL, *wb = NULL;
+    if (!f64) { /* widen once: FP32 encoded values are exact in FP64 */
+        wa = (double *)malloc((size_t)(m * k) * sizeof(double));
+        wb = (double *)malloc((size_t)(k * n) * sizeof(double));
+        if (!wa || !wb) { free(wa); free(wb); return 1; }
+        for (int64_t i = 0; i < m * k; ++i) wa[i] = (double)((const float *)a)[i];
+        for (int64_t i = 0; i < k * n; ++i) wb[i] = (double)((const float *)b)[i];
+        a64 = wa;
+        b64 = wb;
+    }
+    int status = probe_gemm_generic(a64, b64, m, n, k, width, rtz, c);
+    free(wa);
+    free(wb);
+    if (status) return status;
+    for (int64_t i = 0; i < m * n; ++i) {
+        float v = c[i];
+        if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
+        c[i] = v * alpha;
+    }
+    return 0;
+#endif
+}
+
+#if !UE5M3_AVX2
+/* Without AVX2 + FMA the payload path is not built; the caller uses ue5m3_probe_gemm instead. */
+int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, const float *sb, int64_t m,
+                             int64_t n, int64_t k, int64_t block, int64_t cb, int64_t width, int rtz, float grid,
+                             float alpha, float *c) {
+    (void)pa; (void)sa; (void)pb; (void)sb; (void)m; (void)n; (void)k; (void)block; (void)cb; (void)width;
+    (void)rtz; (void)grid; (void)alpha; (void)c;
+    return 2;
+}
+#endif
+int ue5m3_has_payload_gemm(void) { return UE5M3_AVX2; }

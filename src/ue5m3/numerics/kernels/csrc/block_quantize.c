@@ -24,6 +24,12 @@ static inline float float_of(uint32_t b) { float v; memcpy(&v, &b, 4); return v;
 /* 2^k for k in [-127, 127]; 2^-127 is an FP32 subnormal (the UE8M0 minimum). */
 static inline float pow2(int k) { return k >= -126 ? float_of((uint32_t)(k + 127) << 23) : float_of(1u << 22); }
 
+/* a if c else b, branch-free (bit masks), so loops that use it vectorise */
+static inline float select_f(int c, float a, float b) {
+    uint32_t mask = (uint32_t)-(int32_t)(c != 0);
+    return float_of((bits_of(a) & mask) | (bits_of(b) & ~mask));
+}
+
 static inline int quantum_exponent(float v, int mbits, int emin) {
     int e = (int)((bits_of(v) >> 23) & 0xFF) - 127; /* FP32 subnormals and zero fall below emin */
     return (e < emin ? emin : e) - mbits;
@@ -124,6 +130,45 @@ static void quantize_block(const float *xb, int64_t L, int rule, int order, floa
                       0.5f * (float)(m >= 1.75f) + (float)(m > 2.5f) + (float)(m >= 3.5f) +
                       2.0f * (float)(m > 5.0f);
             pb[i] = float_of(bits_of(r) | (bits_of(v) & 0x80000000u)); /* copysign, -0.0 included */
+        }
+        return;
+    }
+    if (words && stream->bit_count == 8 && (mode == SF || mode == SR_TE)) {
+        /* Fast path: lane i of the block reads word i (4 elements per counter, consecutive indices); E2M1 grid
+         * steps are 0.5 / 1 / 2 below 2 / 4 / 8, written as selects so the loop vectorises. The same operations
+         * as round_magnitude(.., 1, 0, 6, mode, r). */
+        if (mode == SF) {
+            for (int64_t i = 0; i < L; ++i) {
+                float v = xb[i] * mult;
+                uint32_t sign = bits_of(v) & 0x80000000u;
+                float m = float_of(bits_of(v) & 0x7FFFFFFFu);
+                m = select_f(m > element_max, element_max, m);
+                float r = (float)(int32_t)(words[i] >> 24);
+                float step = select_f(m >= 4.0f, 2.0f, select_f(m >= 2.0f, 1.0f, 0.5f));
+                float inv = select_f(m >= 4.0f, 0.5f, select_f(m >= 2.0f, 1.0f, 2.0f));
+                float s = m * inv;
+                float lower = (float)(int32_t)s; /* s >= 0: truncation is floor */
+                float delta = s - lower;
+                float up = (float)(delta + (2.0f * r + 1.0f) * (1.0f / 512.0f) >= 1.0f);
+                float out = (lower + up) * step;
+                out = select_f(out > element_max, element_max, out);
+                pb[i] = float_of(bits_of(out) | sign);
+            }
+        } else {
+            for (int64_t i = 0; i < L; ++i) {
+                float v = xb[i] * mult;
+                uint32_t sign = bits_of(v) & 0x80000000u;
+                float m = float_of(bits_of(v) & 0x7FFFFFFFu);
+                m = select_f(m > element_max, element_max, m);
+                float r = (float)(int32_t)(words[i] >> 24);
+                float step = select_f(m >= 4.0f, 2.0f, select_f(m >= 2.0f, 1.0f, 0.5f));
+                float t = fmaf(r * (1.0f / 256.0f), step, m);
+                float step_t = select_f(t >= 4.0f, 2.0f, select_f(t >= 2.0f, 1.0f, 0.5f));
+                float inv_t = select_f(t >= 4.0f, 0.5f, select_f(t >= 2.0f, 1.0f, 2.0f));
+                float out = (float)(int32_t)(t * inv_t) * step_t; /* t >= 0: truncation is floor */
+                out = select_f(out > element_max, element_max, out);
+                pb[i] = float_of(bits_of(out) | sign);
+            }
         }
         return;
     }
