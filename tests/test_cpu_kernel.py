@@ -6,7 +6,7 @@ import zlib
 import pytest
 import torch
 
-from ue5m3.numerics import formats
+from ue5m3.numerics import formats, gemm
 from ue5m3.numerics.formats import UE8M0, Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
 from ue5m3.numerics.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize
@@ -89,3 +89,53 @@ def test_kernel_library_is_cached_by_source_hash(tmp_path, monkeypatch):
         assert len(built) == 1
     finally:
         cpu_kernel.load.cache_clear()
+
+
+# ----- the probe-matched GEMM kernels ------------------------------------------------------------------------
+
+
+def _gemm_operands(scheme: str, m: int, k: int, n: int, b_two_d: bool, seed: int, spread: float = 2.0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g) * torch.exp2(spread * torch.randn(m, 1, generator=g))
+    b = torch.randn(k, n, generator=g) * torch.exp2(spread * torch.randn(1, n, generator=g))
+    a[0, :32] = 0  # zero blocks: NVFP4 scale 0, UE5M3 repaired to 1
+    return quantize(a, scheme), quantize(b, scheme, axis=0, two_d=b_two_d)
+
+
+@pytest.mark.skipif(not cpu_kernel.available(), reason="no C compiler for the CPU kernel")
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize(("shape", "b_two_d"), [((13, 128, 21), False), ((8, 192, 40), True), ((7, 64, 33), True)])
+@pytest.mark.parametrize("rounding", ["rtz", "rne"])
+def test_probe_matched_kernels_equal_the_torch_path_bit_for_bit(scheme, shape, b_two_d, rounding):
+    """The FP32 payload kernel (AVX2), the FP64 encoded kernel and the torch path: one result, including ragged
+    2D tiles, zero blocks and rows routed to the exact path."""
+    m, k, n = shape
+    a_q, b_q = _gemm_operands(scheme, m, k, n, b_two_d, seed=k + n)
+    kwargs = {"cross_slice_rounding": rounding, "final_grid": 1024 if rounding == "rtz" else None}
+    reference = gemm.matmul(a_q, b_q, "probe_matched", backend="torch", **kwargs)
+    got = gemm.matmul(a_q, b_q, "probe_matched", backend="cpu_kernel", **kwargs)
+    assert torch.equal(got.view(torch.int32), reference.view(torch.int32))
+    encoded = cpu_kernel.probe_gemm(
+        a_q.encoded(),
+        b_q.encoded(),
+        width=64,
+        rtz=rounding == "rtz",
+        grid=kwargs["final_grid"],
+        alpha=float(gemm.alpha(a_q, b_q)),
+    )
+    # scales vary per row and column only, so every slice sum here is exact in FP64: the kernels alone suffice
+    assert torch.equal(encoded.view(torch.int32), reference.view(torch.int32))
+    if cpu_kernel.has_payload_gemm():
+        payload = cpu_kernel.probe_gemm_payload(
+            a_q.payload,
+            a_q.scales,
+            b_q.payload,
+            b_q.scales,
+            block=a_q.scheme.block_size,
+            column_block=a_q.scheme.block_size if b_two_d else 1,
+            width=64,
+            rtz=rounding == "rtz",
+            grid=kwargs["final_grid"],
+            alpha=float(gemm.alpha(a_q, b_q)),
+        )
+        assert torch.equal(payload.view(torch.int32), encoded.view(torch.int32))

@@ -150,10 +150,12 @@ def test_c_kernel_and_torch_path_train_bit_identically(tmp_path):
         pytest.skip("no C compiler: both backends would take the torch path")
     with (
         mock.patch.object(cpu_kernel, "probe_gemm", wraps=cpu_kernel.probe_gemm) as gemm_calls,
+        mock.patch.object(cpu_kernel, "probe_gemm_payload", wraps=cpu_kernel.probe_gemm_payload) as payload_calls,
         mock.patch.object(cpu_kernel, "quantize_blocks", wraps=cpu_kernel.quantize_blocks) as quantize_calls,
     ):
         report = parity.run(_config(tmp_path), "emulated:probe_matched", "emulated:probe_matched:torch", steps=3)
-    assert gemm_calls.call_count > 0 and quantize_calls.call_count > 0  # backend A really used the kernel
+    # backend A really used the kernels (the FP32 payload GEMM where the CPU has AVX2 + FMA)
+    assert gemm_calls.call_count + payload_calls.call_count > 0 and quantize_calls.call_count > 0
     assert [e["cpu_kernel"] for e in report.executions] == [True, False]
     assert [e["backend"] for e in report.executions] == ["emulated:probe_matched", "emulated:probe_matched:torch"]
     assert [e["numerics_backend"] for e in report.executions] == ["auto", "torch"]
