@@ -1,8 +1,9 @@
 """Who computes the emulated numerics: an explicit choice, passed to every quantization and GEMM.
 
 Every backend computes the same FP32 operations in the same order, so a backend changes speed and never
-results (tests/test_cpu_kernel.py checks them bit for bit). ``auto`` is the only backend that decides by itself,
-and it decides the same way everywhere: the fastest backend that covers the case.
+results (tests/test_cpu_kernel.py and tests/test_triton_quantize.py check them bit for bit). ``auto`` is the only
+backend that decides by itself, and it decides the same way everywhere: the fastest backend that covers the case
+(the C kernel for CPU tensors, the Triton kernel for CUDA ones, else torch).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ __all__ = ["Backend"]
 class Backend(StrEnum):
     """The backends of :func:`ue5m3.numerics.quantize.quantize` and :func:`ue5m3.numerics.gemm.matmul`."""
 
-    AUTO = "auto"  # the fused C kernel where it covers the case and compiles, else torch
+    AUTO = "auto"  # the fused kernel of the tensor's device where it covers the case, else torch
     TORCH = "torch"  # the reference: plain torch ops, any device
     CPU_KERNEL = "cpu_kernel"  # the fused C kernel (CPU tensors, E2M1 payloads); refuses what it cannot take
+    TRITON = "triton"  # the Triton kernels (CUDA tensors, or CPU ones under TRITON_INTERPRET=1); refuses the rest

@@ -356,6 +356,11 @@ def _use_kernel(backend: Backend, model: OutputModel, a: torch.Tensor, b: torch.
     """Whether the fused C kernel computes this probe_matched GEMM; ``cpu_kernel`` refuses what it cannot take."""
     if backend is Backend.TORCH:
         return False
+    if backend is Backend.TRITON:
+        raise ValueError(
+            f"backend='triton' has no {model.value} GEMM kernel yet (only the quantizer is a Triton kernel); "
+            "use backend='auto' (torch GEMMs on CUDA) or 'torch'"
+        )
     reason = None
     if a.device.type != "cpu" or b.device.type != "cpu":
         reason = f"operands on {a.device.type}/{b.device.type}"

@@ -234,7 +234,9 @@ class _BlockLayout:
             return t.squeeze(-1)
         return t.squeeze(-1).movedim(-1, self.axis)
 
-    def block_indices(self, index: philox.ElementIndex | None, name: str) -> tuple[torch.Tensor, int, int, int]:
+    def block_indices(
+        self, index: philox.ElementIndex | None, name: str, device: torch.device | str | None = None
+    ) -> tuple[torch.Tensor, int, int, int]:
         """Global element indices of the block view, as (first index of each block [n_blocks] int64, inner
         length, inner stride, outer stride): element p of a block sits at
         base + (p // inner length) * outer stride + (p % inner length) * inner stride."""
@@ -242,16 +244,18 @@ class _BlockLayout:
         b = self.block_size
         if self.two_d:
             rows, cols = self.padded
-            r = torch.arange(rows // b, dtype=torch.int64)[:, None] * (b * strides[0])
-            c = torch.arange(cols // b, dtype=torch.int64)[None, :] * (b * strides[1])
+            r = torch.arange(rows // b, dtype=torch.int64, device=device)[:, None] * (b * strides[0])
+            c = torch.arange(cols // b, dtype=torch.int64, device=device)[None, :] * (b * strides[1])
             return (base + r + c).reshape(-1), b, strides[1], strides[0]
         dims = [d for d in range(len(self.shape)) if d != self.axis]
-        first = torch.full([self.padded[d] for d in dims] + [self.padded[self.axis] // b], base, dtype=torch.int64)
+        first = torch.full(
+            [self.padded[d] for d in dims] + [self.padded[self.axis] // b], base, dtype=torch.int64, device=device
+        )
         for position, d in enumerate([*dims, self.axis]):
             step = strides[d] * (b if d == self.axis else 1)
             view = [1] * first.ndim
             view[position] = first.shape[position]
-            first = first + torch.arange(first.shape[position], dtype=torch.int64).reshape(view) * step
+            first = first + torch.arange(first.shape[position], dtype=torch.int64, device=device).reshape(view) * step
         return first.reshape(-1), b, strides[self.axis], 0
 
 
@@ -429,23 +433,63 @@ def _block_scales(
 # ----- the quantizer ------------------------------------------------------------------------------------
 
 
-def _kernel_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
-    """Why the C kernel cannot take this case (None if it can)."""
-    if x.device.type != "cpu":
-        return f"tensor on {x.device.type}"
+def _scheme_reason(scheme: BlockScheme) -> str | None:
+    """Why no fused kernel covers this scheme (None if they do)."""
     if scheme.element != E2M1:
-        return f"element format {scheme.element.name!r} (kernel is E2M1 only)"
+        return f"element format {scheme.element.name!r} (kernels are E2M1 only)"
     if scheme.scale_rule is ScaleRule.MX_ROUND_LOG2:
         return "scale rule 'mx_round_log2'"
     s = scheme.scale
     if scheme.scale_rule is ScaleRule.TENSOR_SCALED and not (
         s.has_zero and s.min_exponent - s.mantissa_bits >= -126 and s.max_exponent <= 127
     ):
-        return f"scale format {s.name!r} outside the kernel's FP32-normal quanta"
+        return f"scale format {s.name!r} outside the kernels' FP32-normal quanta"
+    return None
+
+
+def _kernel_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
+    """Why the C kernel cannot take this case (None if it can)."""
+    if x.device.type != "cpu":
+        return f"tensor on {x.device.type}"
+    reason = _scheme_reason(scheme)
+    if reason is not None:
+        return reason
     from ue5m3.numerics.kernels import cpu as cpu_kernel
 
     if not cpu_kernel.available():
         return "no C compiler to build the kernel"
+    return None
+
+
+def _triton_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
+    """Why the Triton kernel cannot take this case (None if it can)."""
+    reason = _scheme_reason(scheme)
+    if reason is not None:
+        return reason
+    try:
+        from ue5m3.numerics.kernels import triton_quantize
+    except ImportError:
+        return "triton is not installed (pip install 'ue5m3[gpu]')"
+    return triton_quantize.usable(x.device)
+
+
+def _fused_kernel(x: torch.Tensor, scheme: BlockScheme, backend: Backend, name: str) -> str | None:
+    """Which fused kernel quantizes ``x`` ('cpu_kernel', 'triton' or None for the torch path); an explicit
+    kernel backend that cannot take the case raises, naming the tensor and the reason."""
+    if backend is Backend.TORCH:
+        return None
+    if backend is Backend.CPU_KERNEL or (backend is Backend.AUTO and x.device.type == "cpu"):
+        reason = _kernel_reason(x, scheme)
+        if reason is None:
+            return "cpu_kernel"
+        if backend is Backend.CPU_KERNEL:
+            raise ValueError(f"backend='cpu_kernel' cannot quantize {name!r}: {reason}; use backend='torch' or 'auto'")
+        return None
+    reason = _triton_reason(x, scheme)
+    if reason is None:
+        return "triton"
+    if backend is Backend.TRITON:
+        raise ValueError(f"backend='triton' cannot quantize {name!r}: {reason}; use backend='torch' or 'auto'")
     return None
 
 
@@ -498,10 +542,8 @@ def quantize(
         raise TypeError(f"tensor {name!r} must be floating point, got {x.dtype}")
     x = x.to(torch.float32)
     layout = _BlockLayout.of(x, scheme.block_size, axis, two_d, name)
-    reason = None if backend is Backend.TORCH else _kernel_reason(x, scheme)
-    if backend is Backend.CPU_KERNEL and reason is not None:
-        raise ValueError(f"backend='cpu_kernel' cannot quantize {name!r}: {reason}; use backend='torch' or 'auto'")
-    use_kernel = backend is not Backend.TORCH and reason is None
+    kernel = _fused_kernel(x, scheme, backend, name)
+    use_kernel = kernel is not None
     if rounding.random_bit_count and random_bits is None and stream is None:
         stream = formats.anonymous_stream(generator)
     if random_bits is not None or not rounding.random_bit_count:
@@ -527,7 +569,7 @@ def quantize(
     blocks = layout.to_blocks(x)
     if use_kernel:
         philox_stream = stream if bits is None and rounding.random_bit_count else None
-        return _quantize_kernel(blocks, g, layout, scheme, rounding, bits, philox_stream, index, name)
+        return _quantize_kernel(blocks, g, layout, scheme, rounding, bits, philox_stream, index, name, kernel)
     block_amax = torch.amax(blocks.abs(), dim=-1, keepdim=True)  # NaN propagates into the check below
     if tensor_amax is None:
         if not bool(torch.isfinite(block_amax).all()):
@@ -575,8 +617,12 @@ def _quantize_kernel(
     stream: philox.RandomStream | None,
     index: philox.ElementIndex | None,
     name: str,
+    kernel: str,
 ) -> QuantizedTensor:
-    from ue5m3.numerics.kernels import cpu as cpu_kernel
+    if kernel == "triton":
+        from ue5m3.numerics.kernels import triton_quantize as fused
+    else:
+        from ue5m3.numerics.kernels import cpu as fused
 
     global_scale = _tensor_global_scale(scheme, g)
     global_decode_scale = torch.reciprocal(global_scale)
@@ -588,7 +634,7 @@ def _quantize_kernel(
     # (..., n_blocks, L) -> (N, L): a view for 1D blocks along the last axis, a copy otherwise
     flat = blocks.reshape(-1, blocks.shape[-1])
     flat_bits = layout.to_blocks(bits).reshape(flat.shape) if bits is not None else None
-    out = cpu_kernel.quantize_blocks(
+    out = fused.quantize_blocks(
         flat,
         rule=scheme.scale_rule.value,
         order=scheme.scale_order.value,
@@ -602,7 +648,7 @@ def _quantize_kernel(
         zero_scale_repair=scheme.zero_scale_repair,
         rounding=rounding.value,
         random_bits=flat_bits,
-        philox=None if stream is None else (stream, *layout.block_indices(index, name)),
+        philox=None if stream is None else (stream, *layout.block_indices(index, name, flat.device)),
     )
     flags = out["flags"]
     return QuantizedTensor(

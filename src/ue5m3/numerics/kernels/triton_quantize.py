@@ -1,0 +1,278 @@
+"""Block quantization as one Triton kernel: the GPU backend of :func:`ue5m3.numerics.quantize.quantize`.
+
+The same FP32 operations in the same order as the torch reference and the C kernel (``csrc/block_quantize.c``),
+on the same block view ``(n_blocks, L)``: block amax, the scheme's scale rule (tensor-scaled in any of the three
+orders, OCP floor, ceil, RCEIL), RNE onto the scale format, zero-scale repair, the decoded scale, the payload
+multiplier by IEEE division (``div_rn``), E2M1 rounding in every mode, and the diagnostics flags. Stochastic modes
+draw Philox4x32-10 bits in the kernel (``tl.philox``, the generator of :mod:`ue5m3.numerics.philox`) at each
+element's global index; explicit bits are read instead when given. Launched with FP fusion off, so no multiply
+and add contract into an fma the reference does not compute (sr_te's fma is explicit).
+
+Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how ``tests/test_triton_quantize.py``
+checks it bit for bit against the torch reference on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["quantize_blocks", "usable"]
+
+_ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
+_ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
+_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
+_BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
+FP32_MAX = 3.4028234663852886e38
+INV_SIX = 0.1666666716337204  # fp32(1/6), the FP32 constant 1/F
+
+
+def usable(device: torch.device) -> str | None:
+    """Why this kernel cannot run on ``device`` (None if it can)."""
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return f"tensor on {device.type} (the Triton kernel runs on CUDA, or on the CPU under TRITON_INTERPRET=1)"
+
+
+@triton.jit
+def _pow2(k):
+    """2^k for integer k in [-126, 127] as FP32, from its exponent bits (exact)."""
+    return ((k + 127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_scale_rne(v, mbits, emin, maxf):
+    """RNE of non-negative v onto a format with mbits fraction bits and minimum exponent emin, saturated."""
+    v = tl.minimum(v, maxf)
+    e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, emin)
+    q = e - mbits
+    s = v * _pow2(-q)
+    lower = s.to(tl.int32).to(tl.float32)  # s >= 0: truncation is floor
+    delta = s - lower
+    odd = (s.to(tl.int32) & 1) == 1
+    up = (delta > 0.5) | ((delta == 0.5) & odd)
+    out = (lower + up.to(tl.float32)) * _pow2(q)
+    return tl.minimum(out, maxf)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr,
+    bits_ptr,
+    base_ptr,
+    payload_ptr,
+    amax_ptr,
+    scale_ptr,
+    decode_ptr,
+    flags_ptr,
+    n_blocks,
+    global_scale,
+    global_decode_scale,
+    per_tensor,
+    scale_max,
+    inv_f,
+    seed,
+    step,
+    microbatch,
+    inner_len,
+    inner_stride,
+    outer_stride,
+    L: tl.constexpr,
+    L_POW2: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    RULE: tl.constexpr,
+    ORDER: tl.constexpr,
+    MODE: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_EMIN: tl.constexpr,
+    SCALE_EMAX: tl.constexpr,
+    ZERO_REPAIR: tl.constexpr,
+    EXPLICIT_BITS: tl.constexpr,
+    BIT_COUNT: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    cols = tl.arange(0, L_POW2)
+    row_ok = rows < n_blocks
+    mask = row_ok[:, None] & (cols[None, :] < L)
+    offsets = rows[:, None].to(tl.int64) * L + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    amax = tl.max(tl.abs(x), axis=1)
+    flag = tl.zeros([BLOCKS], dtype=tl.int32)
+    if RULE == 0:
+        if ORDER == 0:
+            ideal = amax * (global_scale * inv_f)
+        elif ORDER == 1:
+            ideal = tl.math.div_rn(amax, tl.full([BLOCKS], 6.0, tl.float32)) * global_scale
+        else:
+            ideal = tl.math.div_rn(
+                tl.math.div_rn(amax, tl.full([BLOCKS], 6.0, tl.float32)), tl.full([BLOCKS], per_tensor, tl.float32)
+            )
+        flag = tl.where(ideal > scale_max, flag | 2, flag)
+        scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
+        zero = scale == 0.0
+        flag = tl.where(zero, flag | 1, flag)
+        if ZERO_REPAIR:
+            scale = tl.where(zero, 1.0, scale)
+    else:
+        if RULE == 3:  # RCEIL: the exponent of amax * fp32(1/6), rounded up from its bits
+            db = (amax * inv_f).to(tl.int32, bitcast=True)
+            biased = (db >> 23) & 0xFF
+            mantissa = db & 0x7FFFFF
+            up = tl.where(biased == 0, mantissa > 0x400000, mantissa != 0)
+            e = biased + up.to(tl.int32) - 127
+        else:
+            ab = amax.to(tl.int32, bitcast=True)
+            e = ((ab >> 23) & 0xFF) - 127
+            if RULE == 2:
+                e = e + ((ab & 0x7FFFFF) != 0).to(tl.int32)
+            e = e - 2  # E2M1 max exponent
+        flag = tl.where(e > SCALE_EMAX, flag | 2, flag)
+        e = tl.minimum(tl.maximum(e, SCALE_EMIN), SCALE_EMAX)
+        # 2^e down to 2^-127 (an FP32 subnormal for the UE8M0 minimum)
+        subnormal = tl.full([BLOCKS], 1 << 22, tl.int32).to(tl.float32, bitcast=True)
+        scale = tl.where(e >= -126, _pow2(tl.maximum(e, -126)), subnormal)
+    decode = scale * global_decode_scale
+    mult = tl.minimum(tl.math.div_rn(tl.full([BLOCKS], 1.0, tl.float32), decode), FP32_MAX)
+    tl.store(amax_ptr + rows, amax, mask=row_ok)
+    tl.store(scale_ptr + rows, scale, mask=row_ok)
+    tl.store(decode_ptr + rows, decode, mask=row_ok)
+    tl.store(flags_ptr + rows, flag.to(tl.uint8), mask=row_ok)
+
+    v = x * mult[:, None]
+    v = tl.minimum(tl.maximum(v, -6.0), 6.0)
+    sign = v.to(tl.uint32, bitcast=True) & 0x80000000
+    m = (v.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    grid_step = tl.where(m >= 4.0, 2.0, tl.where(m >= 2.0, 1.0, 0.5))  # E2M1 spacing at m
+    inv = tl.where(m >= 4.0, 0.5, tl.where(m >= 2.0, 1.0, 2.0))
+    if MODE >= 2:
+        if EXPLICIT_BITS:
+            r = tl.load(bits_ptr + offsets, mask=mask, other=0)
+        else:
+            base = tl.load(base_ptr + rows, mask=row_ok, other=0)
+            p = cols[None, :].to(tl.int64)
+            index = base[:, None] + (p // inner_len) * outer_stride + (p % inner_len) * inner_stride
+            if BIT_COUNT <= 32:  # 4 elements per counter
+                group = index // 4
+                lane = index % 4
+            else:  # 2 elements per counter
+                group = index // 2
+                lane = index % 2
+            zero = tl.zeros(group.shape, dtype=tl.uint32)
+            w0, w1, w2, w3 = tl.philox(
+                seed, group.to(tl.uint32), (group >> 32).to(tl.uint32), zero + step, zero + microbatch
+            )
+            if BIT_COUNT <= 32:
+                word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+                r = (word >> (32 - BIT_COUNT)).to(tl.int64)
+            else:
+                high = tl.where(lane == 0, w0, w2).to(tl.uint64)
+                low = tl.where(lane == 0, w1, w3).to(tl.uint64)
+                r = ((high << (BIT_COUNT - 32)) | (low >> (64 - BIT_COUNT))).to(tl.int64)
+    if MODE == 3:  # Transformer Engine's stochastic_round_fp4_e2m1
+        t = tl.fma(r.to(tl.float32) * (1.0 / 256.0), grid_step, m)
+        step_t = tl.where(t >= 4.0, 2.0, tl.where(t >= 2.0, 1.0, 0.5))
+        inv_t = tl.where(t >= 4.0, 0.5, tl.where(t >= 2.0, 1.0, 2.0))
+        out = (t * inv_t).to(tl.int32).to(tl.float32) * step_t
+    else:
+        s = m * inv
+        lower = s.to(tl.int32).to(tl.float32)
+        delta = s - lower
+        if MODE == 0:
+            odd = (s.to(tl.int32) & 1) == 1
+            up = (delta > 0.5) | ((delta == 0.5) & odd)
+        elif MODE == 1:
+            up = delta < 0.0
+        elif MODE == 2:  # SF: one FP32 addition, as the paper's kernel
+            up = (delta + (2 * r + 1).to(tl.float32) * (1.0 / 512.0)) >= 1.0
+        else:  # SR: Bernoulli(delta) with 53 bits
+            up = r.to(tl.float64) < delta.to(tl.float64) * 9007199254740992.0
+        out = (lower + up.to(tl.float32)) * grid_step
+    out = tl.minimum(out, 6.0)
+    payload = (out.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    tl.store(payload_ptr + offsets, payload, mask=mask)
+
+
+def quantize_blocks(
+    blocks: torch.Tensor,
+    *,
+    rule: str,
+    order: str,
+    global_scale: float,
+    global_decode_scale: float,
+    per_tensor: float,
+    scale_max: float,
+    scale_mantissa_bits: int,
+    scale_min_exponent: int,
+    scale_max_exponent: int,
+    zero_scale_repair: bool,
+    rounding: str,
+    random_bits: torch.Tensor | None,
+    philox: tuple | None = None,
+) -> dict[str, torch.Tensor]:
+    """The Triton twin of :func:`ue5m3.numerics.kernels.cpu.quantize_blocks` (same arguments and outputs)."""
+    if blocks.dtype != torch.float32 or blocks.ndim != 2:
+        raise ValueError("the Triton kernel takes a 2-D FP32 tensor of blocks")
+    reason = usable(blocks.device)
+    if reason is not None:
+        raise ValueError(f"backend='triton' cannot run here: {reason}")
+    blocks = blocks.contiguous()
+    n_blocks, length = blocks.shape
+    device = blocks.device
+    payload = torch.empty_like(blocks)
+    per_block = {
+        k: torch.empty(n_blocks, dtype=torch.float32, device=device) for k in ("block_amax", "scales", "decode")
+    }
+    flags = torch.empty(n_blocks, dtype=torch.uint8, device=device)
+    stream, base, inner_len, inner_stride, outer_stride = philox or (None, None, 1, 1, 0)
+    explicit = random_bits is not None
+    bits = random_bits.to(torch.int64).contiguous() if explicit else torch.zeros(1, dtype=torch.int64, device=device)
+    base = (
+        base.to(torch.int64).to(device).contiguous()
+        if base is not None
+        else torch.zeros(1, dtype=torch.int64, device=device)
+    )
+    k0, k1 = stream.key if stream is not None else (0, 0)
+    blocks_per_program = max(1, 1024 // max(triton.next_power_of_2(length), 1))
+    if n_blocks:
+        _quantize_kernel[(triton.cdiv(n_blocks, blocks_per_program),)](
+            blocks,
+            bits,
+            base,
+            payload,
+            per_block["block_amax"],
+            per_block["scales"],
+            per_block["decode"],
+            flags,
+            n_blocks,
+            global_scale,
+            global_decode_scale,
+            per_tensor,
+            scale_max,
+            INV_SIX,
+            k0 | (k1 << 32),
+            stream.step if stream is not None else 0,
+            stream.microbatch if stream is not None else 0,
+            max(int(inner_len), 1),
+            int(inner_stride),
+            int(outer_stride),
+            L=length,
+            L_POW2=triton.next_power_of_2(length),
+            BLOCKS=blocks_per_program,
+            RULE=_RULE_IDS[rule],
+            ORDER=_ORDER_IDS[order],
+            MODE=_ROUNDING_IDS[rounding],
+            SCALE_MBITS=scale_mantissa_bits,
+            SCALE_EMIN=scale_min_exponent,
+            SCALE_EMAX=scale_max_exponent,
+            ZERO_REPAIR=bool(zero_scale_repair),
+            EXPLICIT_BITS=explicit,
+            BIT_COUNT=_BIT_COUNTS[rounding],
+            enable_fp_fusion=False,
+        )
+    return {"payload": payload, "flags": flags, **per_block}

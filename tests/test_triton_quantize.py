@@ -1,0 +1,102 @@
+"""The Triton quantize kernel against the torch reference, bit for bit, under the Triton interpreter on the CPU."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU tensors
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (the GPU extra)")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("these tests run the kernels under TRITON_INTERPRET=1", allow_module_level=True)
+
+from ue5m3.numerics.formats import UE8M0  # noqa: E402
+from ue5m3.numerics.philox import ElementIndex, RandomStream  # noqa: E402
+from ue5m3.numerics.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize  # noqa: E402
+
+pytestmark = [
+    pytest.mark.triton,
+    # the interpreter evaluates with numpy: 1/0 for a zero NVFP4 block scale (then capped at FP32 max, as on the
+    # GPU) and huge stale references warn there
+    pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning"),
+]
+
+SCHEMES = {
+    "ue5m3_b16": get_scheme("ue5m3_b16"),
+    "ue5m3_b32": get_scheme("ue5m3_b32"),
+    "nvfp4": get_scheme("nvfp4"),
+    "nvfp4_legacy": dataclasses.replace(get_scheme("nvfp4"), scale_order=ScaleOrder.TE_LEGACY),
+    "nvfp4_torchao": dataclasses.replace(get_scheme("nvfp4"), scale_order=ScaleOrder.TORCHAO),
+    "mxfp4": get_scheme("mxfp4"),
+    "mx_ceil": BlockScheme(name="mx_ceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_CEIL),
+    "mx_rceil": BlockScheme(name="mx_rceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_RCEIL),
+}
+LAYOUTS = {
+    "1d-last": ((8, 64), {}),
+    "axis0": ((64, 6), {"axis": 0}),
+    "2d": ((32, 32), {"two_d": True}),
+    "ragged": ((5, 40), {}),
+}
+STREAM = RandomStream(seed=11, module="layers.0.mlp.down_proj", role="dgrad_upstream_gradient", step=3, microbatch=1)
+
+
+def _hard(shape, seed):
+    """Gaussian values with exact E2M1 midpoints, zeros, a zero block and wide magnitudes."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-8, 8, shape, generator=g).float())
+    flat = x.view(-1)
+    flat[:16] = 0.0
+    flat[16:24] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25]) * flat[24:32].abs().max() / 6
+    return x
+
+
+def _assert_same(a, b):
+    for field in ("payload", "scales", "decode_scales"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert torch.equal(x.contiguous().view(torch.int32), y.contiguous().view(torch.int32)), field
+    assert torch.equal(a.block_amax, b.block_amax)
+    assert int(a.zero_rounded_blocks) == int(b.zero_rounded_blocks)
+    assert int(a.saturated_blocks) == int(b.saturated_blocks)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("rounding", ["rne", "rtz", "sf", "sr_te", "sr"])
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_triton_kernel_equals_the_torch_reference(scheme, rounding, layout):
+    shape, kwargs = LAYOUTS[layout]
+    x = _hard(shape, seed=len(scheme) + len(rounding))
+    stream = STREAM if rounding in ("sf", "sr_te", "sr") else None
+    ref = quantize(x, SCHEMES[scheme], rounding=rounding, stream=stream, backend="torch", **kwargs)
+    got = quantize(x, SCHEMES[scheme], rounding=rounding, stream=stream, backend="triton", **kwargs)
+    _assert_same(got, ref)
+
+
+@pytest.mark.parametrize("reference", [1e-30, 1e-3, 1e4, 1e30])
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4"])
+def test_held_references_saturation_and_zero_repair_match(scheme, reference):
+    x = _hard((8, 64), seed=5)
+    ref = quantize(x, scheme, tensor_amax=reference, rounding="sf", stream=STREAM, backend="torch")
+    got = quantize(x, scheme, tensor_amax=reference, rounding="sf", stream=STREAM, backend="triton")
+    _assert_same(got, ref)
+
+
+def test_explicit_bits_and_shards_draw_what_the_reference_draws():
+    x = _hard((16, 64), seed=6)
+    bits = torch.randint(0, 256, x.shape, generator=torch.Generator().manual_seed(1))
+    ref = quantize(x, "ue5m3_b16", rounding="sf", random_bits=bits, backend="torch")
+    _assert_same(quantize(x, "ue5m3_b16", rounding="sf", random_bits=bits, backend="triton"), ref)
+    shard = ElementIndex((32, 64), (16, 0))
+    ref = quantize(x, "ue5m3_b16", rounding="sr_te", stream=STREAM, index=shard, backend="torch")
+    _assert_same(quantize(x, "ue5m3_b16", rounding="sr_te", stream=STREAM, index=shard, backend="triton"), ref)
+
+
+def test_triton_backend_refuses_what_it_does_not_cover():
+    from ue5m3.numerics.formats import E4M3
+
+    wide = BlockScheme(name="e4m3_payload", scale=get_scheme("ue5m3_b16").scale, block_size=16, target=448.0)
+    wide = dataclasses.replace(wide, element=E4M3)
+    with pytest.raises(ValueError, match="backend='triton' cannot quantize 'w'.*E2M1"):
+        quantize(torch.ones(2, 16), wide, backend="triton", name="w")
