@@ -297,9 +297,3 @@ def test_fused_step_refuses_sums_that_fp64_cannot_hold_exactly():
     assert torch.equal(fused_step(terms, torch.zeros(3), bits=43), torch.full((3,), 256.0))
     with pytest.raises(ValueError, match="257 terms truncated at 44 bits"):
         fused_step(terms, torch.zeros(3), bits=44)
-
-
-def test_triton_backend_has_no_probe_matched_gemm_yet_and_says_so():
-    a_q, b_q = _operands(0)
-    with pytest.raises(ValueError, match="backend='triton' has no probe_matched GEMM kernel yet"):
-        gemm.matmul(a_q, b_q, "probe_matched", backend="triton")

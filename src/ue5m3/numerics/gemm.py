@@ -352,15 +352,21 @@ def _probe_kernel(
     return cpu_kernel.probe_gemm(enc_a, enc_b, width=width, rtz=rtz, grid=grid, alpha=float(alpha))
 
 
+def _triton_reason(a_q: QuantizedTensor) -> str | None:
+    """Why the Triton probe_matched kernel cannot take these operands (None if it can)."""
+    try:
+        from ue5m3.numerics.kernels import triton_gemm
+    except ImportError:
+        return "triton is not installed (pip install 'ue5m3[gpu]')"
+    if a_q.scheme.block_size % 16:
+        return f"block size {a_q.scheme.block_size} (the kernel takes multiples of 16)"
+    return triton_gemm.usable(a_q.payload_blocks.device)
+
+
 def _use_kernel(backend: Backend, model: OutputModel, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the fused C kernel computes this probe_matched GEMM; ``cpu_kernel`` refuses what it cannot take."""
-    if backend is Backend.TORCH:
+    if backend in (Backend.TORCH, Backend.TRITON):
         return False
-    if backend is Backend.TRITON:
-        raise ValueError(
-            f"backend='triton' has no {model.value} GEMM kernel yet (only the quantizer is a Triton kernel); "
-            "use backend='auto' (torch GEMMs on CUDA) or 'torch'"
-        )
     reason = None
     if a.device.type != "cpu" or b.device.type != "cpu":
         reason = f"operands on {a.device.type}/{b.device.type}"
@@ -418,14 +424,43 @@ def matmul(
     check_grid(final_grid, "final_grid")
     guard = math.ceil(math.log2(slice_width))
     row_budget = (53 - guard) // 2
-    if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
+    use_triton = False
+    if model is OutputModel.PROBE_MATCHED and (
+        backend is Backend.TRITON or (backend is Backend.AUTO and a_q.payload_blocks.device.type == "cuda")
+    ):
+        reason = _triton_reason(a_q)
+        if reason is not None and backend is Backend.TRITON:
+            raise ValueError(
+                f"backend='triton' cannot compute this probe_matched GEMM: {reason}; use 'auto' or 'torch'"
+            )
+        use_triton = reason is None
+    if model is OutputModel.PROBE_MATCHED and (
+        use_triton or _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks)
+    ):
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
         span_a = _block_span_bits(a_q, "A", block, slice_width, n)
         span_b = _block_span_bits(b_q, "B", block, slice_width, n)
         bad_rows = torch.nonzero((span_a > row_budget).any(1)).flatten()
         bad_cols = torch.nonzero((span_b > 53 - guard - row_budget).any(0)).flatten()
-        out = _probe_kernel(a_q, b_q, block, slice_width, cross_slice_rounding is Rounding.RTZ, final_grid, scale)
+        rtz = cross_slice_rounding is Rounding.RTZ
+        if use_triton:
+            from ue5m3.numerics.kernels import triton_gemm
+
+            out = triton_gemm.probe_gemm_payload(
+                a_q.payload,
+                a_q.scales,
+                b_q.payload,
+                b_q.scales,
+                block=block,
+                column_block=block if b_q.layout.two_d else 1,
+                width=slice_width,
+                rtz=rtz,
+                grid=final_grid,
+                alpha=float(scale),
+            )
+        else:
+            out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():
             ops = _exact_operands(a_q, b_q, block, slice_width)
             if bad_rows.numel():

@@ -1,0 +1,139 @@
+"""The probe-matched GEMM as one Triton kernel: the GPU twin of ``ue5m3_probe_gemm_payload`` (``csrc/accumulate.c``).
+
+Per output tile and K-slice, with no [slices, M, N] intermediate:
+
+* each 16-element sub-block's payload dot product on the tensor cores in FP16 with FP32 accumulation: E2M1 payloads
+  are exact in FP16, their products are multiples of 1/4 up to 36 and a sub-block sum stays below 2^12 quarters, so
+  the MMA is exact whatever its internal order;
+* both block scales applied exactly in FP64 (at most 20 significant bits) and the slice's four terms summed in FP64,
+  exact wherever the caller's span check passes (other rows and columns are recomputed on the exact path);
+* the slice sum rounded once to FP32, slices combined in K order with round-toward-zero FP32 additions (TwoSum and a
+  one-ulp step toward zero) or RNE ones;
+* the 1/grid lattice snap (ties to even) and alpha, in FP32.
+
+Launched with FP fusion off. Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (FP16 dots: the
+interpreter computes BF16 dots wrongly), which is how ``tests/test_triton_gemm.py`` checks it bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ue5m3.numerics.kernels.triton_quantize import usable
+
+__all__ = ["probe_gemm_payload", "usable"]
+
+
+@triton.jit
+def _add_rtz(a, b):
+    """FP32 a + b rounded toward zero: the RNE sum, stepped one ulp toward zero where its exact error says it
+    overshot (the error's sign differs from the sum's)."""
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    opposite = (err.to(tl.int32, bitcast=True) ^ s.to(tl.int32, bitcast=True)) < 0
+    stepped = (s.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
+    return tl.where((err != 0.0) & opposite, stepped, s)
+
+
+@triton.jit
+def _probe_kernel(
+    pa_ptr,
+    sa_ptr,
+    pb_ptr,
+    sb_ptr,
+    c_ptr,
+    m,
+    n,
+    k,
+    scale_cols,
+    grid,
+    alpha,
+    BLOCK: tl.constexpr,
+    COLUMN_BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr,
+    RTZ: tl.constexpr,
+    SNAP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    row_ok, col_ok = rows < m, cols < n
+    sub = tl.arange(0, 16)
+    sa_cols = k // BLOCK
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for s in range(0, k, WIDTH):
+        slice_sum = tl.zeros([BM, BN], dtype=tl.float64)
+        for j in range(s, s + WIDTH, 16):
+            kk = j + sub
+            pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
+            pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
+            block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
+            scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + j // BLOCK, mask=row_ok, other=0.0)
+            scale_b = tl.load(sb_ptr + (j // BLOCK) * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=0.0)
+            both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
+            slice_sum = slice_sum + block_sum.to(tl.float64) * both  # exact: 20-bit terms, caller-checked spans
+        p = slice_sum.to(tl.float32)  # the one RNE rounding of the slice
+        if RTZ:
+            acc = _add_rtz(acc, p)
+        else:
+            acc = acc + p
+    if SNAP:  # torch.round(acc * grid) / grid: half to even (floor form, exact for every FP32)
+        y = acc * grid
+        lower = tl.floor(y)
+        delta = y - lower
+        odd = (lower - 2.0 * tl.floor(lower * 0.5)) == 1.0
+        up = (delta > 0.5) | ((delta == 0.5) & odd)
+        acc = tl.math.div_rn(lower + up.to(tl.float32), tl.full([BM, BN], grid, tl.float32))  # exact: power of 2
+    out = acc * alpha
+    tl.store(c_ptr + rows[:, None].to(tl.int64) * n + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def probe_gemm_payload(
+    payload_a: torch.Tensor,
+    scales_a: torch.Tensor,
+    payload_b: torch.Tensor,
+    scales_b: torch.Tensor,
+    *,
+    block: int,
+    column_block: int,
+    width: int,
+    rtz: bool,
+    grid: int | None,
+    alpha: float,
+) -> torch.Tensor:
+    """The Triton twin of :func:`ue5m3.numerics.kernels.cpu.probe_gemm_payload` (same arguments and result)."""
+    reason = usable(payload_a.device)
+    if reason is not None:
+        raise ValueError(f"backend='triton' cannot run here: {reason}")
+    pa, sa, pb, sb = (t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b))
+    (m, k), n = pa.shape, pb.shape[1]
+    if pb.shape[0] != k or block % 16 or width % 16 or width % block or k % width:
+        raise ValueError("probe_gemm_payload needs A [M, K], B [K, N], blocks of 16s and K a multiple of the width")
+    out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
+    bm = bn = 32
+    _probe_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+        pa,
+        sa,
+        pb,
+        sb,
+        out,
+        m,
+        n,
+        k,
+        sb.shape[1],
+        float(grid or 1),
+        float(alpha),
+        BLOCK=block,
+        COLUMN_BLOCK=column_block,
+        WIDTH=width,
+        RTZ=bool(rtz),
+        SNAP=grid is not None,
+        BM=bm,
+        BN=bn,
+        enable_fp_fusion=False,
+    )
+    return out
