@@ -36,7 +36,18 @@ FLOORS: list[set[str]] = [
     {"cli"},
     {"__main__"},
 ]
-NUMERICS_ORDER = ["backend", "philox", "kernels", "formats", "exact", "quantize", "hadamard", "scaling", "gemm"]
+NUMERICS_ORDER = [
+    "backend",
+    "philox",
+    "checks",
+    "kernels",
+    "formats",
+    "exact",
+    "quantize",
+    "hadamard",
+    "scaling",
+    "gemm",
+]
 LOOP_IMPORTERS = {"ue5m3.cli.training", "ue5m3.identify.parity"}
 
 

@@ -37,7 +37,8 @@ from torch import nn
 
 from ue5m3 import models
 from ue5m3.layers import recipes
-from ue5m3.layers.linear import QuantLinear, convert
+from ue5m3.layers.linear import QuantLinear, convert, find_quant_stats
+from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.scaling import OperandRole, ScaleState
 from ue5m3.training import checkpoint
 from ue5m3.training.checkpoint import CheckpointError
@@ -135,8 +136,13 @@ class InferenceScales:
             raise ValueError("no calibration forward ran before freeze_activations(); feed the calibration stream")
         self._frozen = dict(self._calibration)
 
-    def reference(self, role: OperandRole | str, module: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The reference amax of ``tensor`` as ``(role, module)`` in the current unit (FP32 0-dim)."""
+    def reference(
+        self, role: OperandRole | str, module: str, tensor: torch.Tensor, checks: DeferredChecks | None = None
+    ) -> torch.Tensor:
+        """The reference amax of ``tensor`` as ``(role, module)`` in the current unit (FP32 0-dim).
+
+        ``checks`` defers the refreshed amax's finiteness check to the unit's single read
+        (:meth:`InferenceModel.forward_unit`)."""
         role = OperandRole(role)
         if role is OperandRole.WEIGHT:
             if module not in self._weights:
@@ -150,7 +156,7 @@ class InferenceScales:
             return self._frozen[module].to(device=tensor.device, copy=True)
         if self._unit == 0:
             raise RuntimeError("reference() before the first work unit; call begin_unit() per model forward")
-        ref = self._live.reference(role, module, tensor)
+        ref = self._live.reference(role, module, tensor, checks)
         if self.policy is InferencePolicy.CALIBRATED_FROZEN:
             held = self._calibration.get(module)
             value = ref.detach().cpu()
@@ -203,6 +209,9 @@ class InferenceModel:
         device = self.device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             hidden = self.model.hidden_states(input_ids.to(device))
+        stats = find_quant_stats(self.model)
+        if stats is not None:  # the unit's one read of the quantizers' deferred finiteness checks
+            stats.checks.raise_if_any()
         return hidden if return_hidden else self.head(hidden)
 
     @torch.no_grad()

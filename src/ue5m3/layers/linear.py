@@ -29,6 +29,7 @@ from torch import nn
 from ue5m3.layers.recipes import GemmConfig, GemmModel, Operand, OperandSpec, Recipe
 from ue5m3.numerics import gemm, hadamard
 from ue5m3.numerics.backend import Backend
+from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.philox import ElementIndex, RandomStream, SRState
 from ue5m3.numerics.quantize import BlockScheme, QuantizedTensor, get_scheme, quantize
@@ -81,6 +82,7 @@ def quantize_operand(
     backend: Backend = Backend.AUTO,
     stream: RandomStream | None = None,
     index: ElementIndex | None = None,
+    checks: DeferredChecks | None = None,
 ) -> QuantizedTensor:
     """Quantize one GEMM operand as its spec says (the single place every operand passes through); stochastic
     rounding draws the Philox bits of ``stream`` at the global indices ``index`` places the operand at."""
@@ -98,6 +100,7 @@ def quantize_operand(
         backend=backend,
         stream=stream if stochastic_now else None,
         index=index if stochastic_now else None,
+        checks=checks,
     )
 
 
@@ -124,13 +127,15 @@ def _wgrad_operand(t_by_tokens: torch.Tensor, spec: OperandSpec) -> tuple[torch.
 
 
 class QuantStats:
-    """Running totals of block-scale diagnostics over every operand a model quantized (reset by the reader).
+    """Running totals of block-scale diagnostics over every operand a model quantized (reset by the reader), and the
+    training hot path's deferred finiteness checks.
 
     Counts blocks whose scale rounded to zero before repair and blocks whose ideal scale saturated the scale
-    format; kept as tensors so reading them is the only synchronisation.
+    format; kept as tensors on the operands' device, so reading them (:meth:`pop`) is the only synchronisation.
     """
 
     def __init__(self) -> None:
+        self.checks = DeferredChecks()
         self.reset()
 
     def reset(self) -> None:
@@ -139,13 +144,15 @@ class QuantStats:
         self.blocks = 0
 
     def add(self, q: QuantizedTensor) -> QuantizedTensor:
-        self.zero_rounded = self.zero_rounded + q.zero_rounded_blocks.cpu()
-        self.saturated = self.saturated + q.saturated_blocks.cpu()
+        # a 0-dim CPU start meets device counts as a scalar: the totals move to the device, nothing syncs
+        self.zero_rounded = self.zero_rounded + q.zero_rounded_blocks
+        self.saturated = self.saturated + q.saturated_blocks
         self.blocks += q.scale_values.numel()
         return q
 
     def pop(self) -> dict[str, int]:
-        """The totals since the last pop, as ints; resets the counters."""
+        """The totals since the last pop, as ints; resets the counters (raises first if a deferred check failed)."""
+        self.checks.raise_if_any()
         out = {
             "zero_rounded_blocks": int(self.zero_rounded),
             "saturated_blocks": int(self.saturated),
@@ -170,8 +177,10 @@ class FP4Matmul(torch.autograd.Function):
         sr: SRState | None,
     ) -> torch.Tensor:
         ops, name = policy.operands, policy.module
-        ref_x = state.reference(OperandRole.ACTIVATION, name, x) if state is not None else None
-        ref_w = state.reference(OperandRole.WEIGHT, name, weight) if state is not None else None
+        # finiteness checks are deferred to one read per optimizer step (training) or work unit (evaluation)
+        checks = stats.checks
+        ref_x = state.reference(OperandRole.ACTIVATION, name, x, checks) if state is not None else None
+        ref_w = state.reference(OperandRole.WEIGHT, name, weight, checks) if state is not None else None
         # fprop: A = X [T, in] along in; B = W^T [in, out] along in (2D tiles: W^T's tiles are W's, transposed)
         x_q = quantize_operand(
             x,
@@ -181,6 +190,7 @@ class FP4Matmul(torch.autograd.Function):
             reference=ref_x,
             name=f"{name}.fprop.x",
             backend=policy.backend,
+            checks=checks,
         )
         wt_q = quantize_operand(
             weight.t(),
@@ -190,6 +200,7 @@ class FP4Matmul(torch.autograd.Function):
             reference=ref_w,
             name=f"{name}.fprop.w",
             backend=policy.backend,
+            checks=checks,
         )
         stats.add(x_q), stats.add(wt_q)
         y = run_gemm(x_q, wt_q, policy.gemm, backend=policy.backend)  # [T, out] FP32
@@ -203,6 +214,7 @@ class FP4Matmul(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         policy, state, (ref_x, ref_w) = ctx.policy, ctx.state, ctx.refs
         ops, name, scheme, sr = policy.operands, policy.module, policy.scheme, ctx.sr
+        checks = ctx.stats.checks
         dy = grad_y.to(torch.float32)
 
         def bits(operand: Operand, shape: tuple[int, ...], token_axis: int) -> dict:
@@ -213,7 +225,7 @@ class FP4Matmul(torch.autograd.Function):
             return {"stream": sr.stream(name, operand.value), "index": sr.token_index(shape, token_axis)}
 
         # One dY reference shared by both backward GEMMs.
-        ref_dy = state.reference(OperandRole.UPSTREAM_GRADIENT, name, dy) if state is not None else None
+        ref_dy = state.reference(OperandRole.UPSTREAM_GRADIENT, name, dy, checks) if state is not None else None
 
         # dgrad, quantizations: A = dY [T, out] along out
         dy_q = quantize_operand(
@@ -223,6 +235,7 @@ class FP4Matmul(torch.autograd.Function):
             axis=-1,
             reference=ref_dy,
             name=f"{name}.dgrad.dy",
+            checks=checks,
             stochastic=ctx.stochastic,
             backend=policy.backend,
             **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
@@ -236,6 +249,7 @@ class FP4Matmul(torch.autograd.Function):
             axis=-1,
             reference=None if dyt_current else ref_dy,
             name=f"{name}.wgrad.dyt",
+            checks=checks,
             stochastic=ctx.stochastic,
             backend=policy.backend,
             **bits(Operand.WGRAD_UPSTREAM_GRADIENT, tuple(dyt.shape), 1),
@@ -248,6 +262,7 @@ class FP4Matmul(torch.autograd.Function):
             axis=0,
             reference=ref_w,
             name=f"{name}.dgrad.w",
+            checks=checks,
             backend=policy.backend,
         )
         # wgrad: B = X [T, in] along tokens, from the high-precision X (RHT'd along tokens if configured)
@@ -259,6 +274,7 @@ class FP4Matmul(torch.autograd.Function):
             axis=0,
             reference=None if xt_current else ref_x,
             name=f"{name}.wgrad.x",
+            checks=checks,
             backend=policy.backend,
         )
 

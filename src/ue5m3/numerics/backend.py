@@ -8,9 +8,12 @@ backend that decides by itself, and it decides the same way everywhere: the fast
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 
-__all__ = ["Backend"]
+import torch
+
+__all__ = ["Backend", "triton_device_reason"]
 
 
 class Backend(StrEnum):
@@ -20,3 +23,13 @@ class Backend(StrEnum):
     TORCH = "torch"  # the reference: plain torch ops, any device
     CPU_KERNEL = "cpu_kernel"  # the fused C kernel (CPU tensors, E2M1 payloads); refuses what it cannot take
     TRITON = "triton"  # the Triton kernels (CUDA tensors, or CPU ones under TRITON_INTERPRET=1); refuses the rest
+
+
+def triton_device_reason(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (None if they can): CUDA, or the CPU under
+    ``TRITON_INTERPRET=1`` (Triton's interpreter, how the kernels are tested without a GPU)."""
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return f"tensor on {device.type} (the Triton kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1)"

@@ -64,24 +64,24 @@ class OutputModel(StrEnum):
 # ----- operands -----------------------------------------------------------------------------------------
 
 
-def _operand_factor(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(g, T*F) of one operand, or (1, None) for schemes without a tensor scale or with g == 0."""
+def _operand_factor(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, T*F) of one operand as 0-dim FP32 tensors on its device; (1, 1) for schemes without a tensor scale or
+    with g == 0 (chosen on the device: nothing is read back to the host)."""
     scheme = q.scheme
-    if scheme.scale_rule not in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2) or float(q.tensor_amax) == 0:
-        return torch.ones((), dtype=torch.float32), None
+    one = torch.ones((), dtype=torch.float32, device=q.tensor_amax.device)
+    if scheme.scale_rule not in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2):
+        return one, one
+    g = q.tensor_amax.to(torch.float32)
     target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite
-    return q.tensor_amax.to(torch.float32), target_f
+    zero = g == 0
+    return torch.where(zero, one, g), torch.where(zero, one, target_f.to(one.device))
 
 
 def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor) -> torch.Tensor:
     """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one)."""
     g_a, d_a = _operand_factor(a_q)
     g_b, d_b = _operand_factor(b_q)
-    numerator = g_a * g_b
-    denominator = (d_a if d_a is not None else torch.ones((), dtype=torch.float32)) * (
-        d_b if d_b is not None else torch.ones((), dtype=torch.float32)
-    )
-    return numerator / denominator
+    return (g_a * g_b) / (d_a * d_b)
 
 
 def _check_operands(a_q: QuantizedTensor, b_q: QuantizedTensor) -> tuple[int, int, int, int]:
@@ -167,8 +167,9 @@ def _span_bits(
 def _encoded_fp64(twice_payload: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Exact encoded values payload * scale in FP64, formed in FP32 unless a scale is huge: (2p) * s * 0.5 has at
     most 8 significant bits and, for scales >= 2^-127, is a multiple of 2^-149, so only overflow can be inexact."""
-    if float(scale.max()) <= 2.0**100:
+    if scale.device.type == "cpu" and float(scale.max()) <= 2.0**100:
         return (twice_payload * scale * 0.5).to(torch.float64)
+    # on an accelerator, skip the host read: the FP64 product is exact for every scale
     return twice_payload.to(torch.float64) * scale.to(torch.float64) * 0.5
 
 
@@ -230,7 +231,15 @@ def _probe_matched_rows(
     # FP64 is exact for a slice when span_A + span_B + guard <= 53; split that budget between rows and columns.
     row_budget, col_budget = (53 - guard) // 2, 53 - guard - (53 - guard) // 2
     bad_a, bad_b = span_a > row_budget, span_b > col_budget  # [M, S], [S, N]
-    for j in torch.nonzero(bad_a.any(0) | bad_b.any(1)).flatten().tolist():
+    if partials.device.type != "cpu":
+        # Device-generic form with no host read and no data-dependent shape: every slice's exact TwoSum sum is
+        # formed and taken where the spans need it (the CPU path below recomputes only those).
+        parts = _block_partials(a2, sa, b2, sb, block)  # [K/block, M, N]
+        per = width // block
+        exact = torch.stack([twosum_chain_to_fp32(parts[j * per : (j + 1) * per]) for j in range(slices)])
+        bad = bad_a.t()[:, :, None] | bad_b[:, None, :]  # [S, M, N]
+        partials = torch.where(bad, exact.to(torch.float64), partials)
+    for j in torch.nonzero(bad_a.any(0) | bad_b.any(1)).flatten().tolist() if partials.device.type == "cpu" else []:
         cols = slice(j * width, (j + 1) * width)
         bad_rows, bad_cols = torch.nonzero(bad_a[:, j]).flatten(), torch.nonzero(bad_b[j]).flatten()
         if bad_rows.numel():  # recompute from exact 16-block sums with TwoSum and round-to-odd

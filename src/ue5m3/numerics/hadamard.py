@@ -46,9 +46,14 @@ def rht(
         The transformed tensor, same shape as ``x``, in ``out_dtype``. Computed as an FP32 matmul of the
         sign-flipped chunks with H16/4 (power-of-two scaling, exact) and one rounding to ``out_dtype``.
     """
-    signs = torch.as_tensor(signs, dtype=torch.float32, device=x.device)
-    if signs.shape != (16,) or not bool((signs.abs() == 1).all()):
+    # validate on the host (signs are a tuple, or checked where they were drawn), then move: no device read-back
+    host = torch.as_tensor(signs, dtype=torch.float32).cpu() if not isinstance(signs, tuple) else None
+    if isinstance(signs, tuple):
+        if len(signs) != 16 or any(s not in (1, -1) for s in signs):
+            raise ValueError("signs must be 16 values of +-1")
+    elif host.shape != (16,) or not bool((host.abs() == 1).all()):
         raise ValueError("signs must be 16 values of +-1")
+    signs = torch.as_tensor(signs, dtype=torch.float32).to(x.device)
     if x.ndim == 0 or x.shape[-1] % 16:
         raise ValueError(f"RHT needs a last dimension that is a multiple of 16, got shape {tuple(x.shape)}")
     transform = hadamard_matrix(16).to(x.device) / 4

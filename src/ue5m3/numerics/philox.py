@@ -83,7 +83,8 @@ def philox4x32(
     counter: tuple[torch.Tensor | int, ...], key: tuple[int, int], rounds: int = ROUNDS
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Philox4x32 on int64 tensors holding 32-bit words (broadcast together); returns the four output words."""
-    words = torch.broadcast_tensors(*(torch.as_tensor(w, dtype=torch.int64) for w in counter))
+    device = next((w.device for w in counter if isinstance(w, torch.Tensor)), None)
+    words = torch.broadcast_tensors(*(torch.as_tensor(w, dtype=torch.int64, device=device) for w in counter))
     c0, c1, c2, c3 = (w & _MASK32 for w in words)
     k0, k1 = (int(w) & _MASK32 for w in key)
     for r in range(rounds):

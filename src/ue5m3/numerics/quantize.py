@@ -41,6 +41,7 @@ import torch
 
 from ue5m3.numerics import formats, philox
 from ue5m3.numerics.backend import Backend
+from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, UE8M0, FloatFormat, Rounding
 
 __all__ = [
@@ -353,12 +354,10 @@ def _te_final_scale(scale: torch.Tensor, amax: torch.Tensor, factor_inv: torch.T
     overflows FP32 (tensor amax above FP32max/448) the same two roundings are evaluated 2^64 lower and scaled
     back, which is exact, so the result is TE's wherever TE's is finite and finite everywhere."""
     final = (scale * amax) * factor_inv
-    overflow = torch.isinf(final)
-    if bool(overflow.any()):
-        low = torch.ldexp(amax, torch.tensor(-64, dtype=torch.int32))
-        wide = torch.ldexp((scale * low) * factor_inv, torch.tensor(64, dtype=torch.int32))
-        final = torch.where(overflow, wide, final)
-    return final
+    # per block, so computing the wide form everywhere costs little and reads nothing back to the host
+    low = amax * 2.0**-64  # exact scalings by powers of two
+    wide = ((scale * low) * factor_inv) * 2.0**64
+    return torch.where(torch.isinf(final), wide, final)
 
 
 # ----- scale rules --------------------------------------------------------------------------------------
@@ -386,7 +385,7 @@ def _ideal_scale(
 
 
 def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
-    return torch.ldexp(torch.ones(exponent.shape, dtype=torch.float32), exponent.to(torch.int32))
+    return torch.ldexp(torch.ones_like(exponent, dtype=torch.float32), exponent.to(torch.int32))
 
 
 def _block_scales(
@@ -508,6 +507,7 @@ def quantize(
     index: philox.ElementIndex | None = None,
     name: str = "x",
     backend: Backend | str = Backend.AUTO,
+    checks: DeferredChecks | None = None,
 ) -> QuantizedTensor:
     """Block-quantize ``x`` (computed in FP32) under ``scheme``.
 
@@ -525,6 +525,8 @@ def quantize(
         index: where ``x`` sits in the logical tensor whose global indices key the bits (shards).
         name: tensor name for error messages.
         backend: see :class:`Backend`; results do not depend on it.
+        checks: record the finiteness checks of ``x`` and ``tensor_amax`` on their device instead of reading them
+            now (no host synchronisation; :meth:`DeferredChecks.raise_if_any` raises later, naming the tensor).
 
     Returns:
         A :class:`QuantizedTensor`.
@@ -554,14 +556,23 @@ def quantize(
         bits = philox.random_bits(
             stream, tuple(x.shape), rounding.random_bit_count, index=index, name=name, device=x.device
         )
+    nonfinite = f"tensor {name!r} holds non-finite value(s) (Inf/NaN); quantizers need finite input"
     if use_kernel or tensor_amax is not None:
         # One pass for finiteness (and the current amax): aminmax propagates NaN and Inf.
-        low, high = torch.aminmax(x) if x.numel() else (torch.zeros(()), torch.zeros(()))
+        zero = torch.zeros((), device=x.device)
+        low, high = torch.aminmax(x) if x.numel() else (zero, zero)
         current = torch.maximum(-low, high).abs()  # abs: an all-zero tensor's amax is +0.0, as on the torch path
-        if not bool(torch.isfinite(current)):
+        if checks is not None:
+            checks.defer(name, ~torch.isfinite(current), nonfinite)
+        elif not bool(torch.isfinite(current)):
             formats.check_finite(x, name)
     if tensor_amax is None:
         g = current if use_kernel else None
+    elif isinstance(tensor_amax, torch.Tensor) and checks is not None:
+        g = tensor_amax.to(torch.float32).reshape(())
+        checks.defer(
+            f"{name}.tensor_amax", ~torch.isfinite(g) | (g < 0), f"tensor_amax for {name!r} must be finite and >= 0"
+        )
     else:
         g = torch.as_tensor(tensor_amax, dtype=torch.float32).reshape(())
         if not bool(torch.isfinite(g)) or bool(g < 0):
@@ -572,9 +583,11 @@ def quantize(
         return _quantize_kernel(blocks, g, layout, scheme, rounding, bits, philox_stream, index, name, kernel)
     block_amax = torch.amax(blocks.abs(), dim=-1, keepdim=True)  # NaN propagates into the check below
     if tensor_amax is None:
-        if not bool(torch.isfinite(block_amax).all()):
+        g = block_amax.max() if block_amax.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
+        if checks is not None:
+            checks.defer(name, ~torch.isfinite(g), nonfinite)
+        elif not bool(torch.isfinite(block_amax).all()):
             formats.check_finite(x, name)
-        g = block_amax.max() if block_amax.numel() else torch.zeros((), dtype=torch.float32)
     global_scale = _tensor_global_scale(scheme, g)
     global_decode_scale = torch.reciprocal(global_scale)
     scale_values, zero, saturated = _block_scales(block_amax, g, global_scale, scheme)

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ue5m3.numerics.checks import DeferredChecks
+
 __all__ = ["OperandRole", "ScaleState", "all_reduce_max"]
 
 _STATE_VERSION = 1
@@ -155,7 +157,9 @@ class ScaleState:
             raise ValueError(f"step must be strictly greater than the previous step {self._step!r}, got {step!r}")
         self._step = step
 
-    def reference(self, role: OperandRole | str, module: str, tensor: torch.Tensor) -> torch.Tensor:
+    def reference(
+        self, role: OperandRole | str, module: str, tensor: torch.Tensor, checks: DeferredChecks | None = None
+    ) -> torch.Tensor:
         """Return the reference amax for quantizing ``tensor`` as ``(role, module)`` this step.
 
         Refreshes iff the key has no entry or ``step - last_refresh >= interval``: the amax
@@ -167,6 +171,8 @@ class ScaleState:
             role: Operand role, an :class:`OperandRole` or its exact string value.
             module: Module name, e.g. ``"model.layers.0.mlp.up_proj"``.
             tensor: The tensor about to be quantized.
+            checks: record the refreshed amax's finiteness on its device instead of reading it now (the
+                training hot path; :meth:`DeferredChecks.raise_if_any` raises later with the same message).
 
         Returns:
             A fresh 0-dim float32 tensor on ``tensor``'s device.
@@ -190,11 +196,13 @@ class ScaleState:
         key = (role, module)
         entry = self._entries.get(key)
         if entry is None or self._step - entry.last_refresh >= self._interval:
-            entry = _Entry(self._refresh(role, module, tensor), self._step)
+            entry = _Entry(self._refresh(role, module, tensor, checks), self._step)
             self._entries[key] = entry
         return entry.amax.to(device=tensor.device, copy=True)
 
-    def _refresh(self, role: OperandRole, module: str, tensor: torch.Tensor) -> torch.Tensor:
+    def _refresh(
+        self, role: OperandRole, module: str, tensor: torch.Tensor, checks: DeferredChecks | None = None
+    ) -> torch.Tensor:
         with torch.no_grad():
             x = tensor.detach()
             if x.numel() == 0:
@@ -206,7 +214,13 @@ class ScaleState:
             # sees a non-finite result and raises together instead of diverging.
             reduced = torch.where(torch.isnan(local), torch.full_like(local, math.inf), local)
             reduced = all_reduce_max(reduced, self._group)
-            if not math.isfinite(reduced.item()):
+            if checks is not None:
+                checks.defer(
+                    f"{module}.{role.value}.amax",
+                    ~torch.isfinite(reduced),
+                    f"non-finite amax for role {role.value!r}, module {module!r} at step {self._step!r}",
+                )
+            elif not math.isfinite(reduced.item()):
                 raise ValueError(
                     f"non-finite amax for role {role.value!r}, module {module!r} at step "
                     f"{self._step!r}: local amax {local.item()!r}, reduced amax {reduced.item()!r}"

@@ -188,6 +188,9 @@ def train_step(
             loss = loss_fn(model, inputs, targets)
         (loss / cfg.accumulation).backward()
         total += float(loss.detach()) / cfg.accumulation
+    stats = find_quant_stats(model)
+    if stats is not None:  # the step's one read of the quantizers' deferred finiteness checks, before AdamW
+        stats.checks.raise_if_any()
     if _world()[1] > 1:
         mean = torch.tensor(total, dtype=torch.float64)
         dist.all_reduce(mean)

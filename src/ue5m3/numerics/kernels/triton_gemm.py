@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ue5m3.numerics.kernels.triton_quantize import usable
+from ue5m3.numerics.backend import triton_device_reason as usable
 
 __all__ = ["probe_gemm_payload", "usable"]
 

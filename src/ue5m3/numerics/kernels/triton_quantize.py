@@ -14,11 +14,11 @@ checks it bit for bit against the torch reference on a machine without a GPU).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ue5m3.numerics.backend import triton_device_reason as usable
 
 __all__ = ["quantize_blocks", "usable"]
 
@@ -28,15 +28,6 @@ _RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 FP32_MAX = 3.4028234663852886e38
 INV_SIX = 0.1666666716337204  # fp32(1/6), the FP32 constant 1/F
-
-
-def usable(device: torch.device) -> str | None:
-    """Why this kernel cannot run on ``device`` (None if it can)."""
-    if device.type == "cuda":
-        return None
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    return f"tensor on {device.type} (the Triton kernel runs on CUDA, or on the CPU under TRITON_INTERPRET=1)"
 
 
 @triton.jit
