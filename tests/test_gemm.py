@@ -297,3 +297,23 @@ def test_fused_step_refuses_sums_that_fp64_cannot_hold_exactly():
     assert torch.equal(fused_step(terms, torch.zeros(3), bits=43), torch.full((3,), 256.0))
     with pytest.raises(ValueError, match="257 terms truncated at 44 bits"):
         fused_step(terms, torch.zeros(3), bits=44)
+
+
+@pytest.mark.parametrize("model", ["decoded", "encoded_fp32", "probe_matched", "mma_sim"])
+def test_gemm_models_stay_fp32_under_an_enclosing_bf16_autocast(model):
+    a_q, b_q = _operands(3)
+    plain = gemm.matmul(a_q, b_q, model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = gemm.matmul(a_q, b_q, model)
+    assert inside.dtype == torch.float32 and torch.equal(inside, plain)
+
+
+def test_output_head_stays_fp32_under_an_enclosing_bf16_autocast():
+    from ue5m3.models.layers import OutputHead
+
+    head = OutputHead(64, 32)
+    torch.nn.init.normal_(head.weight)
+    x = torch.randn(4, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = head(x)
+    assert inside.dtype == torch.float32 and torch.equal(inside, head(x))

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ue5m3.numerics.backend import exact_fp32
+
 __all__ = ["RMSNorm", "OutputHead", "Attention", "MLP", "ACTIVATIONS", "apply_rope", "init_normal_", "at_least_fp32"]
 
 
@@ -71,7 +73,8 @@ class OutputHead(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cd = at_least_fp32(self.weight.dtype)
-        return F.linear(x.to(cd), self.weight.to(cd))
+        with exact_fp32(x.device):  # under the body's BF16 autocast the head would otherwise run in BF16
+            return F.linear(x.to(cd), self.weight.to(cd))
 
 
 def _relu2(x: torch.Tensor) -> torch.Tensor:

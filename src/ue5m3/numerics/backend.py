@@ -8,12 +8,14 @@ backend that decides by itself, and it decides the same way everywhere: the fast
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from enum import StrEnum
 
 import torch
 
-__all__ = ["Backend", "triton_device_reason"]
+__all__ = ["Backend", "triton_device_reason", "exact_fp32"]
 
 
 class Backend(StrEnum):
@@ -33,3 +35,18 @@ def triton_device_reason(device: torch.device) -> str | None:
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return None
     return f"tensor on {device.type} (the Triton kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1)"
+
+
+@contextlib.contextmanager
+def exact_fp32(device: torch.device) -> Iterator[None]:
+    """IEEE FP32 matmuls on ``device`` inside the block: autocast off (on CUDA it would silently run the decoded and
+    encoded GEMMs, the exact-path slices and the FP32 head in BF16) and, on CUDA, TF32 off; restored on exit."""
+    with contextlib.ExitStack() as stack:
+        if torch.amp.is_autocast_available(device.type):
+            stack.enter_context(torch.autocast(device.type, enabled=False))
+        if device.type == "cuda":
+            matmul = torch.backends.cuda.matmul
+            previous = matmul.fp32_precision
+            matmul.fp32_precision = "ieee"
+            stack.callback(setattr, matmul, "fp32_precision", previous)
+        yield

@@ -33,7 +33,7 @@ from enum import StrEnum
 
 import torch
 
-from ue5m3.numerics.backend import Backend
+from ue5m3.numerics.backend import Backend, exact_fp32
 from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap, twosum_chain_to_fp32
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
@@ -415,7 +415,13 @@ def matmul(
     Returns:
         FP32 tensor [M, N].
     """
-    model = OutputModel(model)
+    with exact_fp32(a_q.payload_blocks.device):
+        return _matmul(
+            a_q, b_q, OutputModel(model), slice_width, cross_slice_rounding, final_grid, tile_elements, backend
+        )
+
+
+def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile_elements, backend) -> torch.Tensor:
     backend = Backend(backend)
     cross_slice_rounding = Rounding(cross_slice_rounding)
     m, k, n, block = _check_operands(a_q, b_q)
