@@ -1,0 +1,293 @@
+"""The GPU check: one command on any machine with a CUDA GPU, sized to finish in about 8 minutes.
+
+    python benchmarks/gpu_check.py [--out results/gpu_check.json] [--docs docs/performance.md] [--quick]
+
+1. Bit identity on the real hardware: the Triton quantize kernel (every named scheme, RCEIL, every rounding with
+   in-kernel Philox bits, 1D along either axis, 2D tiles, ragged shapes) and the Triton probe_matched GEMM against
+   the CPU reference computed in the same process, bit for bit.
+2. Benchmarks as same-run ratios: quantize time against a device copy of the same tensor; probe_matched against a
+   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes; the FP4 linear forward+backward against BF16 ``nn.Linear``;
+   a two-layer Nemotron-H 8B training step (tokens/s, peak memory) against BF16.
+
+It writes one JSON and replaces the "GPU check" section of docs/performance.md (between its markers) with the
+results and the GPU's name. Without a CUDA device it exits with status 2 and says so; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BEGIN, END = "<!-- gpu-check:begin -->", "<!-- gpu-check:end -->"
+SHAPES_8B = {  # (tokens, in, out) of the Nemotron-H 8B linears at 8,192 tokens per microbatch
+    "mamba in_proj": (8192, 4096, 18560),
+    "mamba out_proj": (8192, 8192, 4096),
+    "mlp up_proj": (8192, 4096, 21504),
+    "mlp down_proj": (8192, 21504, 4096),
+    "attention q/o": (8192, 4096, 4096),
+}
+
+
+def _time(fn, repeats: int) -> float:
+    """Best wall time of ``fn`` in seconds, device-synchronised, after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def bit_identity(quick: bool) -> list[dict]:
+    """Every GPU kernel case against the CPU reference: a list of {case, equal}."""
+    from ue5m3.numerics import gemm
+    from ue5m3.numerics.formats import UE8M0
+    from ue5m3.numerics.philox import RandomStream
+    from ue5m3.numerics.quantize import BlockScheme, ScaleRule, get_scheme, quantize
+
+    schemes = {name: get_scheme(name) for name in ("ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4")}
+    schemes["mx_rceil"] = BlockScheme(
+        name="mx_rceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_RCEIL
+    )
+    layouts = {"1d": ((256, 512), {}), "axis0": ((512, 96), {"axis": 0}), "2d": ((256, 256), {"two_d": True})}
+    layouts["ragged"] = ((97, 200), {})
+    stream = RandomStream(seed=7, module="gpu_check", role="dgrad_upstream_gradient", step=1)
+    out = []
+    g = torch.Generator().manual_seed(0)
+    for scheme_name, scheme in schemes.items():
+        for rounding in ("rne", "rtz", "sf", "sr_te", "sr"):
+            for layout, (shape, kwargs) in layouts.items():
+                if quick and layout != "1d":
+                    continue
+                x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-6, 6, shape, generator=g).float())
+                sr = stream if rounding in ("sf", "sr_te", "sr") else None
+                ref = quantize(x, scheme, rounding=rounding, stream=sr, backend="torch", **kwargs)
+                got = quantize(x.cuda(), scheme, rounding=rounding, stream=sr, backend="triton", **kwargs)
+                equal = all(
+                    _same_bits(getattr(got, f), getattr(ref, f)) for f in ("payload", "scales", "decode_scales")
+                )
+                out.append({"case": f"quantize {scheme_name} {rounding} {layout}", "equal": equal})
+    for scheme_name in ("ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"):
+        for two_d in (False, True):
+            for rounding, grid in (("rtz", 1024), ("rne", None)):
+                a = torch.randn(192, 512, generator=g)
+                b = torch.randn(512, 160, generator=g)
+                a_q, b_q = quantize(a, scheme_name), quantize(b, scheme_name, axis=0, two_d=two_d)
+                ref = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding, final_grid=grid)
+                a_g, b_g = quantize(a.cuda(), scheme_name), quantize(b.cuda(), scheme_name, axis=0, two_d=two_d)
+                got = gemm.matmul(
+                    a_g, b_g, "probe_matched", cross_slice_rounding=rounding, final_grid=grid, backend="triton"
+                )
+                out.append(
+                    {"case": f"probe_matched {scheme_name} 2d={two_d} {rounding}", "equal": _same_bits(got, ref)}
+                )
+    return out
+
+
+def bench_quantize(repeats: int) -> list[dict]:
+    from ue5m3.numerics.philox import RandomStream
+    from ue5m3.numerics.quantize import quantize
+
+    x = torch.randn(8192, 8192, device="cuda")
+    stream = RandomStream(seed=0, module="bench", role="dgrad_upstream_gradient", step=1)
+    copy = _time(lambda: x.clone(), repeats)
+    rows = [{"case": "copy (x.clone())", "seconds": copy, "copy_bandwidth_fraction": 1.0}]
+    for name, fn in {
+        "ue5m3_b16 1D RNE": lambda: quantize(x, "ue5m3_b16", backend="triton"),
+        "ue5m3_b16 1D SF": lambda: quantize(x, "ue5m3_b16", rounding="sf", stream=stream, backend="triton"),
+        "ue5m3_b16 2D tiles": lambda: quantize(x, "ue5m3_b16", two_d=True, backend="triton"),
+        "nvfp4 sr_te": lambda: quantize(x, "nvfp4", rounding="sr_te", stream=stream, backend="triton"),
+    }.items():
+        t = _time(fn, repeats)
+        rows.append({"case": name, "seconds": t, "copy_bandwidth_fraction": copy / t})
+    return rows
+
+
+def bench_gemm(repeats: int, quick: bool) -> list[dict]:
+    from ue5m3.numerics import gemm
+    from ue5m3.numerics.quantize import quantize
+
+    rows = []
+    for label, (m, k, n) in SHAPES_8B.items():
+        if quick and label != "attention q/o":
+            continue
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0, two_d=True)
+        base = _time(lambda a16=a16, b16=b16: torch.mm(a16, b16), repeats)
+        t = _time(lambda a_q=a_q, b_q=b_q: gemm.matmul(a_q, b_q, "probe_matched", backend="triton"), repeats)
+        rows.append(
+            {"case": f"probe_matched {label} {m}x{k}x{n}", "seconds": t, "bf16_mm_seconds": base, "x_bf16": t / base}
+        )
+    return rows
+
+
+def bench_linear(repeats: int) -> list[dict]:
+    from torch import nn
+
+    from ue5m3.layers import recipes
+    from ue5m3.layers.linear import convert, find_scale_state
+    from ue5m3.numerics.philox import SRState
+
+    tokens, features_in, features_out = 8192, 4096, 4096
+    x = torch.randn(tokens, features_in, device="cuda")
+    grad = torch.randn(tokens, features_out, device="cuda")
+    bf16 = nn.Linear(features_in, features_out, device="cuda", dtype=torch.bfloat16)
+    fp4 = nn.Sequential(nn.Linear(features_in, features_out, device="cuda"))
+    convert(fp4, recipes.get("ue5m3_b16"), select=["0"], sr_state=SRState(0))
+    state, step = find_scale_state(fp4), [0]
+
+    def run_bf16():
+        bf16(x.bfloat16().requires_grad_()).backward(grad.bfloat16())
+
+    def run_fp4():
+        step[0] += 1
+        state.begin_step(step[0])
+        fp4(x.clone().requires_grad_()).backward(grad)
+
+    base, t = _time(run_bf16, repeats), _time(run_fp4, repeats)
+    return [
+        {
+            "case": f"FP4 linear fwd+bwd {tokens}x{features_in}->{features_out}",
+            "seconds": t,
+            "bf16_seconds": base,
+            "x_bf16": t / base,
+        }
+    ]
+
+
+def _step_case(recipe_name: str, seq: int, batch: int, repeats: int) -> dict:
+    """One two-layer Nemotron-H 8B training step (a Mamba block and an MLP block at full width and vocabulary)."""
+    from ue5m3 import models
+    from ue5m3.layers import recipes
+    from ue5m3.layers.linear import convert, find_scale_state
+    from ue5m3.numerics.philox import SRState
+    from ue5m3.training.loop import loss_fn
+
+    torch.cuda.reset_peak_memory_stats()
+    model = models.build("nemotron_h_8b", device="cuda", hybrid_override_pattern="M-")
+    convert(model, recipes.get(recipe_name), select=models.eligible_linears(model), sr_state=SRState(0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    state, step = find_scale_state(model), [0]
+    vocab = models.config("nemotron_h_8b").vocab_size
+    tokens = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
+
+    def one() -> None:
+        step[0] += 1
+        if state is not None:
+            state.begin_step(step[0])
+        loss_fn(model, tokens[:, :-1], tokens[:, 1:]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    t = _time(one, repeats)
+    return {
+        "case": f"nemotron_h_8b 2 layers, {recipe_name}",
+        "seconds": t,
+        "tokens_per_s": batch * seq / t,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+
+
+def bench_step(repeats: int) -> list[dict]:
+    rows = [_step_case(name, 4096, 1, repeats) for name in ("bf16", "ue5m3_b16")]
+    rows[1]["x_bf16"] = rows[1]["seconds"] / rows[0]["seconds"]
+    return rows
+
+
+def render_markdown(result: dict) -> str:
+    """The docs section for one check's JSON result."""
+    lines = [
+        BEGIN,
+        f"**{result['date']}, {result['gpu']}** (`python benchmarks/gpu_check.py`; torch {result['torch']}, "
+        f"triton {result['triton']}).",
+        "",
+        f"Bit identity against the CPU reference: {result['identical']} of {result['cases']} cases identical"
+        + ("." if result["identical"] == result["cases"] else f"; different: {', '.join(result['different'])}."),
+        "",
+        "| benchmark | s | ratio |",
+        "|---|---:|---:|",
+    ]
+    for row in result["benchmarks"]:
+        ratio = next(
+            (
+                f"{row[k]:.2f} {label}"
+                for k, label in (("x_bf16", "x BF16"), ("copy_bandwidth_fraction", "of copy bandwidth"))
+                if k in row
+            ),
+            "",
+        )
+        extra = (
+            f", {row['tokens_per_s']:.0f} tokens/s, {row['peak_memory_gib']:.1f} GiB peak"
+            if "tokens_per_s" in row
+            else ""
+        )
+        lines.append(f"| {row['case']}{extra} | {row['seconds']:.4f} | {ratio} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def update_docs(path: Path, section: str) -> None:
+    """Replace the text between the GPU-check markers of ``path`` with ``section`` (which carries the markers)."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path} has no '{BEGIN}' ... '{END}' section to fill")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(head + section + tail)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results/gpu_check.json"))
+    parser.add_argument("--docs", type=Path, default=Path("docs/performance.md"))
+    parser.add_argument("--quick", action="store_true", help="fewer cases and shapes (about 2 minutes)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; this check runs on a machine with a CUDA GPU (nothing written)")
+        return 2
+    import triton
+
+    repeats = 3 if args.quick else 10
+    identity = bit_identity(args.quick)
+    benchmarks = bench_quantize(repeats) + bench_gemm(repeats, args.quick) + bench_linear(repeats)
+    benchmarks += bench_step(2 if args.quick else 5)
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "capability": list(torch.cuda.get_device_capability()),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "cases": len(identity),
+        "identical": sum(c["equal"] for c in identity),
+        "different": [c["case"] for c in identity if not c["equal"]],
+        "identity": identity,
+        "benchmarks": benchmarks,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    update_docs(args.docs, render_markdown(result))
+    print(render_markdown(result))
+    return 0 if result["identical"] == result["cases"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

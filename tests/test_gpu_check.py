@@ -1,0 +1,62 @@
+"""The GPU check's CPU-side behaviour: it fails closed without CUDA and fills the docs section from its JSON."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would really run")
+def test_without_cuda_the_check_says_so_and_writes_nothing(tmp_path, capsys):
+    out, docs = tmp_path / "check.json", tmp_path / "performance.md"
+    docs.write_text("x\n<!-- gpu-check:begin -->\nold\n<!-- gpu-check:end -->\n")
+    assert _module().main(["--out", str(out), "--docs", str(docs)]) == 2
+    assert "no CUDA device" in capsys.readouterr().out
+    assert not out.exists() and "old" in docs.read_text()
+
+
+def test_results_fill_the_docs_section_between_its_markers(tmp_path):
+    check = _module()
+    docs = tmp_path / "performance.md"
+    docs.write_text("# Performance\n\nbefore\n<!-- gpu-check:begin -->\nstale\n<!-- gpu-check:end -->\nafter\n")
+    result = {
+        "date": "2026-12-01",
+        "gpu": "NVIDIA H200",
+        "torch": "2.13.0",
+        "triton": "3.9.0",
+        "cases": 3,
+        "identical": 2,
+        "different": ["quantize nvfp4 sr 2d"],
+        "benchmarks": [
+            {"case": "copy (x.clone())", "seconds": 0.001, "copy_bandwidth_fraction": 1.0},
+            {"case": "probe_matched mlp", "seconds": 0.01, "bf16_mm_seconds": 0.004, "x_bf16": 2.5},
+            {
+                "case": "nemotron_h_8b 2 layers, ue5m3_b16",
+                "seconds": 0.5,
+                "tokens_per_s": 8192.0,
+                "peak_memory_gib": 30.0,
+                "x_bf16": 1.8,
+            },
+        ],
+    }
+    check.update_docs(docs, check.render_markdown(result))
+    text = docs.read_text()
+    assert "stale" not in text and text.startswith("# Performance\n\nbefore\n") and text.endswith("after\n")
+    assert "NVIDIA H200" in text and "2 of 3 cases identical; different: quantize nvfp4 sr 2d" in text
+    assert "| probe_matched mlp | 0.0100 | 2.50 x BF16 |" in text and "8192 tokens/s, 30.0 GiB peak" in text
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    with pytest.raises(ValueError, match="no '<!-- gpu-check:begin -->'"):
+        check.update_docs(plain, "s")
