@@ -328,6 +328,22 @@ def test_nvfp4_dequantization_is_finite_for_huge_finite_tensor_amax(amax, order)
     assert float(deq[0, 0]) == pytest.approx(float(F32(amax)), rel=0.02)
 
 
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("value", [float(FP32_MAX), float(FP32_MAX) * 0.99, 3e38, 1.27e35])
+@pytest.mark.parametrize("stale", [None, 1.0, 0.1])
+def test_dequantization_is_finite_near_fp32_max_with_current_or_stale_references(scheme, value, stale):
+    """A block scale that rounds up (or a stale reference) can put the quantized value above FP32 max: it
+    saturates there instead of becoming inf."""
+    x = torch.zeros(2, 32)
+    x[0, 0], x[1, 5], x[0, 7] = value, -value * 0.5, 1.0
+    reference = None if stale is None else value * stale
+    for backend in ("torch", "cpu_kernel") if cpu_kernel.available() else ("torch",):
+        q = quantize(x, scheme, tensor_amax=reference, backend=backend)
+        assert torch.isfinite(q.dequantize()).all()
+        if scheme.startswith("ue5m3"):  # 137x headroom: the value survives (E4M3 and UE8M0 saturate lower)
+            assert float(q.dequantize()[0, 0]) == pytest.approx(value, rel=0.13)
+
+
 def test_te_kernel_dequantization_equals_te_where_te_is_finite_and_is_wide_range_exact_beyond():
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((2, 32)) * 1e34).astype(F32)  # amax ~ 3e34: (s * amax) stays finite in FP32

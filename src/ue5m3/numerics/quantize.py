@@ -330,7 +330,9 @@ class QuantizedTensor:
                 values = (payload * scale) * (self.tensor_amax / target_f)
             else:
                 values = payload * _te_final_scale(scale, self.tensor_amax, torch.reciprocal(target_f))
-        return self.layout.from_blocks(values)
+        # A value whose quantized form exceeds the FP32 range (inputs near FP32 max whose block scale rounded up)
+        # saturates at +-FP32 max instead of becoming inf; every finite result is left as the reference computes it.
+        return self.layout.from_blocks(torch.clamp(values, -FP32_MAX, FP32_MAX))
 
     def encoded(self) -> torch.Tensor:
         """payload * scale value, shaped like the input: exact in BF16 (at most 6 significant bits)."""
