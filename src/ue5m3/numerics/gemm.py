@@ -449,33 +449,30 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
                 f"backend='triton' cannot compute this probe_matched GEMM: {reason}; use 'auto' or 'torch'"
             )
         use_triton = reason is None
-    if model is OutputModel.PROBE_MATCHED and (
-        use_triton or _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks)
-    ):
+    rtz = cross_slice_rounding is Rounding.RTZ
+    if use_triton:  # complete in-kernel (exact TwoSum slice sums): no span check, no host read
+        from ue5m3.numerics.kernels import triton_gemm
+
+        return triton_gemm.probe_gemm_payload(
+            a_q.payload,
+            a_q.scales,
+            b_q.payload,
+            b_q.scales,
+            block=block,
+            column_block=block if b_q.layout.two_d else 1,
+            width=slice_width,
+            rtz=rtz,
+            grid=final_grid,
+            alpha=scale,
+        )
+    if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
         span_a = _block_span_bits(a_q, "A", block, slice_width, n)
         span_b = _block_span_bits(b_q, "B", block, slice_width, n)
         bad_rows = torch.nonzero((span_a > row_budget).any(1)).flatten()
         bad_cols = torch.nonzero((span_b > 53 - guard - row_budget).any(0)).flatten()
-        rtz = cross_slice_rounding is Rounding.RTZ
-        if use_triton:
-            from ue5m3.numerics.kernels import triton_gemm
-
-            out = triton_gemm.probe_gemm_payload(
-                a_q.payload,
-                a_q.scales,
-                b_q.payload,
-                b_q.scales,
-                block=block,
-                column_block=block if b_q.layout.two_d else 1,
-                width=slice_width,
-                rtz=rtz,
-                grid=final_grid,
-                alpha=float(scale),
-            )
-        else:
-            out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
+        out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():
             ops = _exact_operands(a_q, b_q, block, slice_width)
             if bad_rows.numel():

@@ -653,9 +653,10 @@ def _quantize_kernel(
         flat,
         rule=scheme.scale_rule.value,
         order=scheme.scale_order.value,
-        global_scale=float(global_scale),
-        global_decode_scale=float(global_decode_scale),
-        per_tensor=float(per_tensor),
+        # CPU kernel: host floats (free on the CPU); Triton: the 0-dim device tensors, read in the kernel (no sync)
+        global_scale=float(global_scale) if kernel != "triton" else global_scale,
+        global_decode_scale=float(global_decode_scale) if kernel != "triton" else global_decode_scale,
+        per_tensor=float(per_tensor) if kernel != "triton" else per_tensor,
         scale_max=scheme.scale.max_finite,
         scale_mantissa_bits=scheme.scale.mantissa_bits,
         scale_min_exponent=scheme.scale.min_exponent,

@@ -2,11 +2,12 @@
 
 Per output tile and K-slice, with no [slices, M, N] intermediate:
 
-* each 16-element sub-block's payload dot product on the tensor cores in FP16 with FP32 accumulation: E2M1 payloads
-  are exact in FP16, their products are multiples of 1/4 up to 36 and a sub-block sum stays below 2^12 quarters, so
-  the MMA is exact whatever its internal order;
-* both block scales applied exactly in FP64 (at most 20 significant bits) and the slice's four terms summed in FP64,
-  exact wherever the caller's span check passes (other rows and columns are recomputed on the exact path);
+* each block's payload dot product (16 or 32 elements) on the tensor cores in FP16 with FP32 accumulation: E2M1
+  payloads are exact in FP16, their products are multiples of 1/4 up to 36 and a block sum stays below 2^13
+  quarters, so the MMA is exact whatever its internal order;
+* both block scales applied exactly in FP64 (at most 20 significant bits) and the slice's block terms summed by a
+  TwoSum chain, exact while they span at most 106 bits and otherwise the very chain the CPU path's exact
+  recomputation runs, so the result is the CPU path's bit for bit with no span check and no host read;
 * the slice sum rounded once to FP32, slices combined in K order with round-toward-zero FP32 additions (TwoSum and a
   one-ulp step toward zero) or RNE ones;
 * the 1/grid lattice snap (ties to even) and alpha, in FP32.
@@ -39,18 +40,36 @@ def _add_rtz(a, b):
 
 
 @triton.jit
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@triton.jit
+def _round_fp64_to_fp32_exact(hi, lo):
+    """RNE to FP32 of the exact hi + lo (a normalised double-double): round to odd on 53 bits first (step hi one
+    ulp toward lo where lo != 0 and hi's last bit is even), then the FP64 -> FP32 conversion (as ``exact.py``)."""
+    bits = hi.to(tl.int64, bitcast=True)
+    even = (bits & 1) == 0
+    magnitude_up = (lo > 0) == (hi > 0)  # stepping toward lo grows |hi| iff they share a sign
+    stepped = tl.where(magnitude_up, bits + 1, bits - 1).to(tl.float64, bitcast=True)
+    return tl.where((lo != 0) & even, stepped, hi).to(tl.float32)
+
+
+@triton.jit
 def _probe_kernel(
     pa_ptr,
     sa_ptr,
     pb_ptr,
     sb_ptr,
+    alpha_ptr,
     c_ptr,
     m,
     n,
     k,
     scale_cols,
     grid,
-    alpha,
     BLOCK: tl.constexpr,
     COLUMN_BLOCK: tl.constexpr,
     WIDTH: tl.constexpr,
@@ -62,12 +81,13 @@ def _probe_kernel(
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok, col_ok = rows < m, cols < n
-    sub = tl.arange(0, 16)
+    sub = tl.arange(0, BLOCK)
     sa_cols = k // BLOCK
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for s in range(0, k, WIDTH):
-        slice_sum = tl.zeros([BM, BN], dtype=tl.float64)
-        for j in range(s, s + WIDTH, 16):
+        hi = tl.zeros([BM, BN], dtype=tl.float64)
+        lo = tl.zeros([BM, BN], dtype=tl.float64)
+        for j in range(s, s + WIDTH, BLOCK):
             kk = j + sub
             pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
             pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
@@ -75,8 +95,14 @@ def _probe_kernel(
             scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + j // BLOCK, mask=row_ok, other=0.0)
             scale_b = tl.load(sb_ptr + (j // BLOCK) * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=0.0)
             both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
-            slice_sum = slice_sum + block_sum.to(tl.float64) * both  # exact: 20-bit terms, caller-checked spans
-        p = slice_sum.to(tl.float32)  # the one RNE rounding of the slice
+            term = block_sum.to(tl.float64) * both  # the block's exact partial sum (at most 20 bits)
+            if j == s:
+                hi = term
+            else:  # TwoSum chain, exactly as ``exact.twosum_chain_to_fp32``: exact while terms span <= 106 bits
+                hi, err = _two_sum(hi, term)
+                lo = lo + err
+        hi, lo = _two_sum(hi, lo)
+        p = _round_fp64_to_fp32_exact(hi, lo)  # the one RNE rounding of the slice's exact sum
         if RTZ:
             acc = _add_rtz(acc, p)
         else:
@@ -88,7 +114,7 @@ def _probe_kernel(
         odd = (lower - 2.0 * tl.floor(lower * 0.5)) == 1.0
         up = (delta > 0.5) | ((delta == 0.5) & odd)
         acc = tl.math.div_rn(lower + up.to(tl.float32), tl.full([BM, BN], grid, tl.float32))  # exact: power of 2
-    out = acc * alpha
+    out = acc * tl.load(alpha_ptr)
     tl.store(c_ptr + rows[:, None].to(tl.int64) * n + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -103,9 +129,12 @@ def probe_gemm_payload(
     width: int,
     rtz: bool,
     grid: int | None,
-    alpha: float,
+    alpha: torch.Tensor | float,
 ) -> torch.Tensor:
-    """The Triton twin of :func:`ue5m3.numerics.kernels.cpu.probe_gemm_payload` (same arguments and result)."""
+    """The probe_matched GEMM from payloads and block scales, like the CPU ``probe_gemm_payload``, but complete by
+    itself: every slice sum is formed exactly by a TwoSum chain over its block terms, so no span
+    check and no recomputation are needed, and nothing is read back to the host (``alpha`` may be a device tensor).
+    """
     reason = usable(payload_a.device)
     if reason is not None:
         raise ValueError(f"backend='triton' cannot run here: {reason}")
@@ -113,6 +142,7 @@ def probe_gemm_payload(
     (m, k), n = pa.shape, pb.shape[1]
     if pb.shape[0] != k or block % 16 or width % 16 or width % block or k % width:
         raise ValueError("probe_gemm_payload needs A [M, K], B [K, N], blocks of 16s and K a multiple of the width")
+    alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)
     out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
     bm = bn = 32
     _probe_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
@@ -120,13 +150,13 @@ def probe_gemm_payload(
         sa,
         pb,
         sb,
+        alpha,
         out,
         m,
         n,
         k,
         sb.shape[1],
         float(grid or 1),
-        float(alpha),
         BLOCK=block,
         COLUMN_BLOCK=column_block,
         WIDTH=width,

@@ -63,9 +63,7 @@ def _quantize_kernel(
     decode_ptr,
     flags_ptr,
     n_blocks,
-    global_scale,
-    global_decode_scale,
-    per_tensor,
+    scalars_ptr,
     scale_max,
     inv_f,
     seed,
@@ -87,6 +85,9 @@ def _quantize_kernel(
     EXPLICIT_BITS: tl.constexpr,
     BIT_COUNT: tl.constexpr,
 ):
+    global_scale = tl.load(scalars_ptr)  # G, 1/G and torchao's per-tensor divisor, as 0-dim FP32 device values
+    global_decode_scale = tl.load(scalars_ptr + 1)
+    per_tensor = tl.load(scalars_ptr + 2)
     rows = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
     cols = tl.arange(0, L_POW2)
     row_ok = rows < n_blocks
@@ -194,9 +195,9 @@ def quantize_blocks(
     *,
     rule: str,
     order: str,
-    global_scale: float,
-    global_decode_scale: float,
-    per_tensor: float,
+    global_scale: torch.Tensor | float,
+    global_decode_scale: torch.Tensor | float,
+    per_tensor: torch.Tensor | float,
     scale_max: float,
     scale_mantissa_bits: int,
     scale_min_exponent: int,
@@ -229,6 +230,12 @@ def quantize_blocks(
         else torch.zeros(1, dtype=torch.int64, device=device)
     )
     k0, k1 = stream.key if stream is not None else (0, 0)
+    scalars = torch.stack(
+        [
+            torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
+            for v in (global_scale, global_decode_scale, per_tensor)
+        ]
+    )  # device-side: nothing is read back to the host
     blocks_per_program = max(1, 1024 // max(triton.next_power_of_2(length), 1))
     if n_blocks:
         _quantize_kernel[(triton.cdiv(n_blocks, blocks_per_program),)](
@@ -241,9 +248,7 @@ def quantize_blocks(
             per_block["decode"],
             flags,
             n_blocks,
-            global_scale,
-            global_decode_scale,
-            per_tensor,
+            scalars,
             scale_max,
             INV_SIX,
             k0 | (k1 << 32),
