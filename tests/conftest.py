@@ -20,12 +20,18 @@ import bisect
 import contextlib
 import functools
 import math
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
+
+# Without a GPU the Triton kernels can only run in Triton's interpreter. Set it before any test module imports
+# triton (torchao does): triton reads the variable once, at import time.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FP32_MAX = float(np.finfo(np.float32).max)
 
