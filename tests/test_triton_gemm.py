@@ -89,3 +89,26 @@ def test_triton_path_equals_the_cpu_chain_even_beyond_106_bit_spans(scheme):
         ref = gemm.matmul(a_q, b_q, "probe_matched", backend="cpu_kernel", **kwargs)
         got = gemm.matmul(a_q, b_q, "probe_matched", backend="triton", **kwargs)
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize(("shape", "b_two_d", "spread"), [((20, 128, 36), False, 2.0), ((33, 64, 40), True, 12.0)])
+def test_triton_mma_sim_equals_the_torch_path(scheme, shape, b_two_d, spread):
+    """Scale-exponent alignment, 16-element sub-blocks inside 32-element blocks, zero blocks and wide spreads."""
+    a_q, b_q = _operands(scheme, *shape, b_two_d, seed=sum(shape) + 1, spread=spread)
+    ref = gemm.matmul(a_q, b_q, "mma_sim", backend="torch")
+    got = gemm.matmul(a_q, b_q, "mma_sim", backend="triton")
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+def test_triton_mma_sim_keeps_a_zero_sum_sub_block_in_the_alignment():
+    """A sub-block cancelling to zero at scale 2^20 truncates a 2^-22 block beside it (MMA-Sim's reading)."""
+    a = torch.zeros(1, 64)
+    a[0, 0], a[0, 1], a[0, 30] = 2.0**20, -(2.0**20), 6 * 2.0**20
+    a[0, 32], a[0, 62] = 2.0**-22, 6 * 2.0**-22
+    b = torch.zeros(64, 1)
+    b[0, 0], b[1, 0], b[31, 0], b[32, 0], b[63, 0] = 1.0, 1.0, 6.0, 1.0, 6.0
+    a_q, b_q = quantize(a, "mxfp4"), quantize(b, "mxfp4", axis=0)
+    ref = gemm.matmul(a_q, b_q, "mma_sim", backend="torch")
+    got = gemm.matmul(a_q, b_q, "mma_sim", backend="triton")
+    assert float(ref) == 0.0 and torch.equal(got.view(torch.int32), ref.view(torch.int32))

@@ -440,15 +440,29 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
     guard = math.ceil(math.log2(slice_width))
     row_budget = (53 - guard) // 2
     use_triton = False
-    if model is OutputModel.PROBE_MATCHED and (
+    if model in (OutputModel.PROBE_MATCHED, OutputModel.MMA_SIM) and (
         backend is Backend.TRITON or (backend is Backend.AUTO and a_q.payload_blocks.device.type == "cuda")
     ):
         reason = _triton_reason(a_q)
         if reason is not None and backend is Backend.TRITON:
             raise ValueError(
-                f"backend='triton' cannot compute this probe_matched GEMM: {reason}; use 'auto' or 'torch'"
+                f"backend='triton' cannot compute this {model.value} GEMM: {reason}; use 'auto' or 'torch'"
             )
         use_triton = reason is None
+    if use_triton and model is OutputModel.MMA_SIM:
+        from ue5m3.numerics.kernels import triton_gemm
+
+        return triton_gemm.mma_sim_payload(
+            a_q.payload,
+            a_q.scales,
+            b_q.payload,
+            b_q.scales,
+            block=block,
+            column_block=block if b_q.layout.two_d else 1,
+            min_exponent_a=a_q.scheme.scale.min_exponent,
+            min_exponent_b=b_q.scheme.scale.min_exponent,
+            alpha=scale,
+        )
     rtz = cross_slice_rounding is Rounding.RTZ
     if use_triton:  # complete in-kernel (exact TwoSum slice sums): no span check, no host read
         from ue5m3.numerics.kernels import triton_gemm
