@@ -6,8 +6,8 @@
    in-kernel Philox bits, 1D along either axis, 2D tiles, ragged shapes) and the Triton probe_matched GEMM against
    the CPU reference computed in the same process, bit for bit.
 2. Benchmarks as same-run ratios: quantize time against a device copy of the same tensor; probe_matched against a
-   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes; the FP4 linear forward+backward against BF16 ``nn.Linear``;
-   a two-layer Nemotron-H 8B training step (tokens/s, peak memory) against BF16.
+   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes; the FP4 linear forward+backward (time and peak memory)
+   against BF16 ``nn.Linear``; a two-layer Nemotron-H 8B training step (tokens/s, peak memory) against BF16.
 
 It writes one JSON and replaces the "GPU check" section of docs/performance.md (between its markers) with the
 results and the GPU's name. Without a CUDA device it exits with status 2 and says so; nothing is written.
@@ -160,6 +160,13 @@ def bench_linear(repeats: int) -> list[dict]:
         state.begin_step(step[0])
         fp4(x.clone().requires_grad_()).backward(grad)
 
+    def peak_mib(fn) -> float:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20
+
     base, t = _time(run_bf16, repeats), _time(run_fp4, repeats)
     return [
         {
@@ -167,6 +174,8 @@ def bench_linear(repeats: int) -> list[dict]:
             "seconds": t,
             "bf16_seconds": base,
             "x_bf16": t / base,
+            "peak_mib": peak_mib(run_fp4),
+            "bf16_peak_mib": peak_mib(run_bf16),
         }
     ]
 
@@ -237,6 +246,8 @@ def render_markdown(result: dict) -> str:
             if "tokens_per_s" in row
             else ""
         )
+        if "peak_mib" in row:
+            extra += f", peak {row['peak_mib']:.0f} MiB (BF16 {row['bf16_peak_mib']:.0f} MiB)"
         lines.append(f"| {row['case']}{extra} | {row['seconds']:.4f} | {ratio} |")
     lines.append(END)
     return "\n".join(lines)

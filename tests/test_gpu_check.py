@@ -42,6 +42,7 @@ def test_results_fill_the_docs_section_between_its_markers(tmp_path):
         "benchmarks": [
             {"case": "copy (x.clone())", "seconds": 0.001, "copy_bandwidth_fraction": 1.0},
             {"case": "probe_matched mlp", "seconds": 0.01, "bf16_mm_seconds": 0.004, "x_bf16": 2.5},
+            {"case": "FP4 linear", "seconds": 0.02, "x_bf16": 1.9, "peak_mib": 900.0, "bf16_peak_mib": 500.0},
             {
                 "case": "nemotron_h_8b 2 layers, ue5m3_b16",
                 "seconds": 0.5,
@@ -56,6 +57,7 @@ def test_results_fill_the_docs_section_between_its_markers(tmp_path):
     assert "stale" not in text and text.startswith("# Performance\n\nbefore\n") and text.endswith("after\n")
     assert "NVIDIA H200" in text and "2 of 3 cases identical; different: quantize nvfp4 sr 2d" in text
     assert "| probe_matched mlp | 0.0100 | 2.50 x BF16 |" in text and "8192 tokens/s, 30.0 GiB peak" in text
+    assert "| FP4 linear, peak 900 MiB (BF16 500 MiB) | 0.0200 | 1.90 x BF16 |" in text
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     with pytest.raises(ValueError, match="no '<!-- gpu-check:begin -->'"):
