@@ -176,7 +176,7 @@ def train_step(
     lr = lr_at(step, cfg.steps, cfg.optim)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    total = 0.0
+    total = None  # the mean loss, summed on the device in FP64 (as Python floats would) and read once per step
     for microbatch in range(cfg.accumulation):
         if sr is not None:
             sr.begin_microbatch(microbatch)
@@ -187,7 +187,9 @@ def train_step(
         else:
             loss = loss_fn(model, inputs, targets)
         (loss / cfg.accumulation).backward()
-        total += float(loss.detach()) / cfg.accumulation
+        part = loss.detach().to(torch.float64) / cfg.accumulation
+        total = part if total is None else total + part
+    total = float(total)
     stats = find_quant_stats(model)
     if stats is not None:  # the step's one read of the quantizers' deferred finiteness checks, before AdamW
         stats.checks.raise_if_any()
