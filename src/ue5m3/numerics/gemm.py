@@ -115,9 +115,11 @@ def _blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torc
     return twice_payload, scale[:rows, :cols]  # ragged tiles: the padded grid's extra cells hold no operand
 
 
-def _block_span_bits(q: QuantizedTensor, operand: str, block: int, width: int, n: int) -> torch.Tensor:
-    """Like :func:`_span_bits` from per-block data only (no per-element pass): the leading bit is bounded by the
-    element format's max times the block scale and blocks whose input is all zero do not count. Returns
+def _span_bits(q: QuantizedTensor, operand: str, block: int, width: int, n: int) -> torch.Tensor:
+    """Per slice and row (A) or column (B): an upper bound on the bit positions the slice's encoded values span,
+    from the leading bit of the largest to the lowest bit of the finest (encoded = payload * scale, payload quantum
+    1/2, scale quantum 2^(exponent - mantissa_bits)). From per-block data only: the leading bit is bounded by the
+    element format's max times the block scale, and blocks whose input is all zero do not count. Returns
     [rows, slices] for A, [slices, cols] for B."""
     scale = q.scales.to(torch.float64)
     nonzero = q.layout.scales_from_blocks(q.block_amax) > 0
@@ -136,32 +138,6 @@ def _block_span_bits(q: QuantizedTensor, operand: str, block: int, width: int, n
     lo = lowest.reshape(rows, -1, per_slice).amin(-1)
     span = torch.clamp(hi - lo, min=0)
     return span if operand == "A" else span.t()
-
-
-def _span_bits(
-    twice_payload: torch.Tensor, scale: torch.Tensor, mantissa_bits: int, block: int, width: int, dim: int
-) -> torch.Tensor:
-    """Per slice and row (A, dim=1) or column (B, dim=0): an upper bound on the bit positions the slice's encoded
-    values span, from the leading bit of the largest to the lowest bit of the finest (encoded = payload * scale,
-    payload quantum 1/2, scale quantum 2^(exponent - mantissa_bits)); blocks of zeros do not count. Computed per
-    block (the scale is constant inside one), so it costs a sixteenth of an elementwise pass."""
-    if dim == 0:  # B [K, N] -> the A-like layout [N, K]
-        twice_payload, scale = twice_payload.t(), scale.t()
-    rows, k = twice_payload.shape
-    # [rows, K] -> [rows, K/block, block] -> per-block max |payload| and the block's scale
-    peak = twice_payload.reshape(rows, k // block, block).abs().amax(-1).to(torch.float64) * 0.5
-    block_scale = scale.reshape(rows, k // block, block)[..., 0].to(torch.float64)
-    _, lead = torch.frexp(peak * block_scale)  # |v| < 2^lead
-    _, exp_scale = torch.frexp(block_scale)
-    nonzero = peak > 0
-    lead = torch.where(nonzero, lead, torch.full_like(lead, -(1 << 20)))
-    lowest = torch.where(nonzero, exp_scale - 1 - mantissa_bits - 1, torch.full_like(exp_scale, 1 << 20))
-    per_slice = width // block
-    # [rows, K/block] -> [rows, slices, blocks per slice]
-    hi = lead.reshape(rows, -1, per_slice).amax(-1)
-    lo = lowest.reshape(rows, -1, per_slice).amin(-1)
-    span = torch.clamp(hi - lo, min=0)  # all-zero slices span nothing
-    return span if dim == 1 else span.t()  # [rows, slices] for A, [slices, N] for B
 
 
 def _encoded_fp64(twice_payload: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -200,11 +176,18 @@ def _take(
 
 
 def _exact_operands(
-    a_q: QuantizedTensor, b_q: QuantizedTensor, block: int, width: int, blocked: tuple | None = None
+    a_q: QuantizedTensor,
+    b_q: QuantizedTensor,
+    block: int,
+    width: int,
+    blocked: tuple | None = None,
+    spans: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Everything the exact probe_matched path reads: integer payloads, per-element scales, FP64 encoded values
-    and the per-row/column slice spans."""
+    and the per-row/column slice spans (``blocked`` and ``spans`` pass in what the caller already computed)."""
     a2, sa, b2, sb = blocked or (*_blocked_along_k(a_q, "A", block), *_blocked_along_k(b_q, "B", block))
+    n = b2.shape[1]
+    span_a, span_b = spans or (_span_bits(a_q, "A", block, width, n), _span_bits(b_q, "B", block, width, n))
     return {
         "a2": a2,
         "sa": sa,
@@ -212,8 +195,8 @@ def _exact_operands(
         "sb": sb,
         "enc_a": _encoded_fp64(a2, sa),
         "enc_b": _encoded_fp64(b2, sb),
-        "span_a": _span_bits(a2, sa, a_q.scheme.scale.mantissa_bits, block, width, dim=1),
-        "span_b": _span_bits(b2, sb, b_q.scheme.scale.mantissa_bits, block, width, dim=0),
+        "span_a": span_a,
+        "span_b": span_b,
     }
 
 
@@ -338,10 +321,10 @@ def _probe_kernel(
 ) -> torch.Tensor:
     """The fused probe_matched GEMM: the FP32 payload kernel where it applies (AVX2, blocks of 16 or 32, scales
     within 2^+-100 so every FP32 product and sub-block sum stays normal and exact), else the FP64 encoded one."""
-    smallest = min(float(a_q.scale_values.min()), float(b_q.scale_values.min())) if a_q.scale_values.numel() else 1.0
-    largest = max(float(a_q.scale_values.max()), float(b_q.scale_values.max())) if a_q.scale_values.numel() else 1.0
-    positive = [float(t[t > 0].min()) for t in (a_q.scale_values, b_q.scale_values) if bool((t > 0).any())]
-    in_range = largest <= 2.0**100 and min(positive, default=1.0) >= 2.0**-100 and smallest >= 0
+    nonzero = torch.cat([a_q.scale_values.flatten(), b_q.scale_values.flatten()])
+    nonzero = nonzero[nonzero > 0]
+    largest = float(nonzero.max()) if nonzero.numel() else 1.0
+    in_range = largest <= 2.0**100 and (float(nonzero.min()) >= 2.0**-100 if nonzero.numel() else True)
     if cpu_kernel.has_payload_gemm() and block % 16 == 0 and not a_q.layout.two_d and in_range:
         return cpu_kernel.probe_gemm_payload(
             a_q.payload,
@@ -449,46 +432,31 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
                 f"backend='triton' cannot compute this {model.value} GEMM: {reason}; use 'auto' or 'torch'"
             )
         use_triton = reason is None
-    if use_triton and model is OutputModel.MMA_SIM:
-        from ue5m3.numerics.kernels import triton_gemm
-
-        return triton_gemm.mma_sim_payload(
-            a_q.payload,
-            a_q.scales,
-            b_q.payload,
-            b_q.scales,
-            block=block,
-            column_block=block if b_q.layout.two_d else 1,
-            min_exponent_a=a_q.scheme.scale.min_exponent,
-            min_exponent_b=b_q.scheme.scale.min_exponent,
-            alpha=scale,
-        )
     rtz = cross_slice_rounding is Rounding.RTZ
-    if use_triton:  # complete in-kernel (exact TwoSum slice sums): no span check, no host read
+    if use_triton:  # complete in-kernel: no span check, no host read
         from ue5m3.numerics.kernels import triton_gemm
 
-        return triton_gemm.probe_gemm_payload(
-            a_q.payload,
-            a_q.scales,
-            b_q.payload,
-            b_q.scales,
-            block=block,
-            column_block=block if b_q.layout.two_d else 1,
-            width=slice_width,
-            rtz=rtz,
-            grid=final_grid,
-            alpha=scale,
-        )
+        operands = (a_q.payload, a_q.scales, b_q.payload, b_q.scales)
+        layout = {"block": block, "column_block": block if b_q.layout.two_d else 1, "alpha": scale}
+        if model is OutputModel.MMA_SIM:
+            return triton_gemm.mma_sim_payload(
+                *operands,
+                min_exponent_a=a_q.scheme.scale.min_exponent,
+                min_exponent_b=b_q.scheme.scale.min_exponent,
+                **layout,
+            )
+        # exact TwoSum slice sums in the kernel
+        return triton_gemm.probe_gemm_payload(*operands, width=slice_width, rtz=rtz, grid=final_grid, **layout)
     if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
-        span_a = _block_span_bits(a_q, "A", block, slice_width, n)
-        span_b = _block_span_bits(b_q, "B", block, slice_width, n)
+        span_a = _span_bits(a_q, "A", block, slice_width, n)
+        span_b = _span_bits(b_q, "B", block, slice_width, n)
         bad_rows = torch.nonzero((span_a > row_budget).any(1)).flatten()
         bad_cols = torch.nonzero((span_b > 53 - guard - row_budget).any(0)).flatten()
         out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():
-            ops = _exact_operands(a_q, b_q, block, slice_width)
+            ops = _exact_operands(a_q, b_q, block, slice_width, spans=(span_a, span_b))
             if bad_rows.numel():
                 out[bad_rows] = (
                     _probe_matched_rows(
