@@ -118,6 +118,27 @@ def _probe_kernel(
     tl.store(c_ptr + rows[:, None].to(tl.int64) * n + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
+TILE = 32  # output rows and columns per program
+
+
+def _launch(
+    payload_a, scales_a, payload_b, scales_b, block: int, width: int, alpha
+) -> tuple[tuple, tuple, torch.Tensor]:
+    """The checks and the leading kernel arguments both GEMM kernels share: (pa, sa, pb, sb, alpha, out, m, n, k,
+    B's scale columns), the launch grid and the output."""
+    reason = usable(payload_a.device)
+    if reason is not None:
+        raise ValueError(f"backend='triton' cannot run here: {reason}")
+    pa, sa, pb, sb = (t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b))
+    (m, k), n = pa.shape, pb.shape[1]
+    if pb.shape[0] != k or block % 16 or k % width:
+        raise ValueError(f"the Triton GEMMs need A [M, K], B [K, N], blocks of 16s and K a multiple of {width}")
+    alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)  # stays on the device
+    out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
+    launch = (triton.cdiv(m, TILE), triton.cdiv(n, TILE))
+    return (pa, sa, pb, sb, alpha, out, m, n, k, sb.shape[1]), launch, out
+
+
 def probe_gemm_payload(
     payload_a: torch.Tensor,
     scales_a: torch.Tensor,
@@ -135,35 +156,19 @@ def probe_gemm_payload(
     itself: every slice sum is formed exactly by a TwoSum chain over its block terms, so no span
     check and no recomputation are needed, and nothing is read back to the host (``alpha`` may be a device tensor).
     """
-    reason = usable(payload_a.device)
-    if reason is not None:
-        raise ValueError(f"backend='triton' cannot run here: {reason}")
-    pa, sa, pb, sb = (t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b))
-    (m, k), n = pa.shape, pb.shape[1]
-    if pb.shape[0] != k or block % 16 or width % 16 or width % block or k % width:
-        raise ValueError("probe_gemm_payload needs A [M, K], B [K, N], blocks of 16s and K a multiple of the width")
-    alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)
-    out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
-    bm = bn = 32
-    _probe_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        pa,
-        sa,
-        pb,
-        sb,
-        alpha,
-        out,
-        m,
-        n,
-        k,
-        sb.shape[1],
+    if width % 16 or width % block:
+        raise ValueError(f"probe_gemm_payload needs a slice width of 16s holding whole blocks, got {width}")
+    args, launch, out = _launch(payload_a, scales_a, payload_b, scales_b, block, width, alpha)
+    _probe_kernel[launch](
+        *args,
         float(grid or 1),
         BLOCK=block,
         COLUMN_BLOCK=column_block,
         WIDTH=width,
         RTZ=bool(rtz),
         SNAP=grid is not None,
-        BM=bm,
-        BN=bn,
+        BM=TILE,
+        BN=TILE,
         enable_fp_fusion=False,
     )
     return out
@@ -267,33 +272,15 @@ def mma_sim_payload(
     alpha: torch.Tensor | float,
 ) -> torch.Tensor:
     """The mma_sim GEMM (``gemm.matmul(..., "mma_sim")``) as one Triton kernel: the torch path's bits."""
-    reason = usable(payload_a.device)
-    if reason is not None:
-        raise ValueError(f"backend='triton' cannot run here: {reason}")
-    pa, sa, pb, sb = (t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b))
-    (m, k), n = pa.shape, pb.shape[1]
-    if pb.shape[0] != k or block % 16 or k % 64:
-        raise ValueError("mma_sim_payload needs A [M, K], B [K, N], blocks of 16s and K a multiple of 64")
-    alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)
-    out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
-    bm = bn = 32
-    _mma_sim_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        pa,
-        sa,
-        pb,
-        sb,
-        alpha,
-        out,
-        m,
-        n,
-        k,
-        sb.shape[1],
+    args, launch, out = _launch(payload_a, scales_a, payload_b, scales_b, block, 64, alpha)
+    _mma_sim_kernel[launch](
+        *args,
         BLOCK=block,
         COLUMN_BLOCK=column_block,
         MIN_EXP_A=min_exponent_a,
         MIN_EXP_B=min_exponent_b,
-        BM=bm,
-        BN=bn,
+        BM=TILE,
+        BN=TILE,
         enable_fp_fusion=False,
     )
     return out
