@@ -82,7 +82,8 @@ def load() -> ctypes.CDLL:
         name: resources.files("ue5m3.numerics.kernels").joinpath(f"csrc/{name}").read_bytes()
         for name in SOURCES + HEADERS
     }
-    key = hashlib.sha256(b"".join(sources.values()) + " ".join(FLAGS).encode() + _cpu_identity()).hexdigest()[:16]
+    identity = b"".join(sources.values()) + " ".join([compiler, *FLAGS]).encode() + _cpu_identity()
+    key = hashlib.sha256(identity).hexdigest()[:16]  # the compiler too: CC may add or drop instruction sets
     target = _cache_dir() / f"ue5m3_kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -20,80 +20,19 @@
 static inline uint32_t f2u(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float u2f(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
 
+/* The torch path's last two steps in FP32: snap to the 1/grid lattice with ties to even (grid > 0; multiplying and
+ * dividing by a power of two is exact), then times alpha. */
+static inline float finish(float v, float grid, float alpha) {
+    if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
+    return v * alpha;
+}
+
 static inline float add_rtz(float a, float b) {
     float s = a + b;
     float bb = s - a;
     float err = (a - (s - bb)) + (b - bb);
     int overshoot = err != 0.0f && ((f2u(err) ^ f2u(s)) >> 31);
     return overshoot ? u2f(f2u(s) - 1u) : s;
-}
-
-/* The probe-matched GEMM in one pass: C[M,N] = combine over K-slices of float(exact slice dot product).
- *
- * A [M,K] and B [K,N] are row-major FP64 encoded operands whose slice sums are exact in FP64 whatever the
- * order (the caller checks the exponent spans and routes other tiles to the exact TwoSum path), so the FP64
- * sums here may be formed in any order. Each slice sum is rounded once to FP32 and added to the FP32
- * accumulator in K order with add_rtz (rtz = 1) or an RNE addition. Register blocking: 4 rows x 8 columns of
- * FP64 slice sums and FP32 accumulators; B is packed into panels of 8 columns so a panel stays in cache while
- * a band of A rows sweeps over it.
- */
-
-#define MR 8
-#define NR 8
-#define MB 64
-
-/* A full MR x NR tile: one 8-wide FP64 vector of slice sums per row (GCC vector extensions: AVX-512 where the
- * CPU has it, narrower vectors elsewhere; the operations are the same IEEE multiplies and adds). */
-typedef double v8d __attribute__((vector_size(64)));
-
-static inline v8d load8(const double *p) {
-    v8d v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static void probe_tile_full(const double *a, int64_t lda, const double *panel, int64_t k, int64_t width, int rtz,
-                            float *c, int64_t ldc) {
-    float acc[MR][NR] = {{0}};
-    const double *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
-    const double *a4 = a + 4 * lda, *a5 = a + 5 * lda, *a6 = a + 6 * lda, *a7 = a + 7 * lda;
-    for (int64_t s = 0; s < k; s += width) {
-        v8d s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
-        for (int64_t kk = s; kk < s + width; ++kk) {
-            const v8d b = load8(panel + kk * NR);
-            s0 += b * a0[kk];
-            s1 += b * a1[kk];
-            s2 += b * a2[kk];
-            s3 += b * a3[kk];
-            s4 += b * a4[kk];
-            s5 += b * a5[kk];
-            s6 += b * a6[kk];
-            s7 += b * a7[kk];
-        }
-        const v8d sums[MR] = {s0, s1, s2, s3, s4, s5, s6, s7};
-        for (int r = 0; r < MR; ++r)
-            for (int t = 0; t < NR; ++t) {
-                float p = (float)sums[r][t];
-                acc[r][t] = rtz ? add_rtz(acc[r][t], p) : acc[r][t] + p;
-            }
-    }
-    for (int r = 0; r < MR; ++r)
-        for (int t = 0; t < NR; ++t) c[r * ldc + t] = acc[r][t];
-}
-
-/* Edge tiles (fewer rows or columns): one output at a time, same operations. */
-static void probe_tile_edge(const double *a, int64_t lda, const double *panel, int64_t rows, int64_t cols,
-                            int64_t k, int64_t width, int rtz, float *c, int64_t ldc) {
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t t = 0; t < cols; ++t) {
-            float acc = 0.0f;
-            for (int64_t s = 0; s < k; s += width) {
-                double sum = 0.0;
-                for (int64_t kk = s; kk < s + width; ++kk) sum += a[r * lda + kk] * panel[kk * NR + t];
-                acc = rtz ? add_rtz(acc, (float)sum) : acc + (float)sum;
-            }
-            c[r * ldc + t] = acc;
-        }
 }
 
 #if UE5M3_AVX2
@@ -190,6 +129,65 @@ static void micro_payload_6x16(const float *ap, const float *bp, const double *b
     }
 }
 
+/* One AMR x nr tile of FP32 accumulators advanced over K-steps [k0, k0 + len) (len a multiple of the width). */
+typedef void (*tile_fn)(const void *ctx, int64_t band, int64_t panel, int64_t k0, int64_t len, float *acc);
+
+/* The driver both AVX2 kernels share: row blocks of 16 bands (96 rows, whose packed A chunk stays in L2) sweep
+ * every column panel per K chunk of KC steps, in parallel over row blocks; then each accumulator is finished and
+ * stored. Returns 1 if a block's accumulators could not be allocated. */
+static int run_bands(int64_t m, int64_t n, int64_t k, int64_t width, int nr, float grid, float alpha, float *c,
+                     tile_fn tile, const void *ctx) {
+    int64_t bands = (m + AMR - 1) / AMR, panels = (n + nr - 1) / nr;
+    int64_t kc = KC % width == 0 ? KC : width;
+    const int64_t band_block = 16;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t bb = 0; bb < bands; bb += band_block) {
+        int64_t b_end = bb + band_block < bands ? bb + band_block : bands;
+        float *acc = (float *)calloc((size_t)((b_end - bb) * panels * AMR * nr), sizeof(float));
+        if (!acc) {
+            failed = 1;
+            continue;
+        }
+        for (int64_t k0 = 0; k0 < k; k0 += kc)
+            for (int64_t p = 0; p < panels; ++p)
+                for (int64_t band = bb; band < b_end; ++band)
+                    tile(ctx, band, p, k0, k - k0 < kc ? k - k0 : kc, acc + ((band - bb) * panels + p) * AMR * nr);
+        for (int64_t band = bb; band < b_end; ++band)
+            for (int64_t p = 0; p < panels; ++p)
+                for (int r = 0; r < AMR && band * AMR + r < m; ++r)
+                    for (int t = 0; t < nr && p * nr + t < n; ++t)
+                        c[(band * AMR + r) * n + p * nr + t] =
+                            finish(acc[(((band - bb) * panels + p) * AMR + r) * nr + t], grid, alpha);
+        free(acc);
+    }
+    return failed;
+}
+
+typedef struct {
+    const float *ap, *bp;
+    const double *bf;
+    int64_t k, subs, width;
+    int rtz;
+} payload_ctx;
+
+static void payload_tile(const void *ctx, int64_t band, int64_t p, int64_t k0, int64_t len, float *acc) {
+    const payload_ctx *x = (const payload_ctx *)ctx;
+    micro_payload_6x16(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * PNR,
+                       x->bf + (p * x->subs + k0 / SUB) * PNR, len, x->width, x->rtz, acc);
+}
+
+typedef struct {
+    const double *ap, *bp;
+    int64_t k, width;
+    int rtz;
+} encoded_ctx;
+
+static void encoded_tile(const void *ctx, int64_t band, int64_t p, int64_t k0, int64_t len, float *acc) {
+    const encoded_ctx *x = (const encoded_ctx *)ctx;
+    micro_6x8(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * ANR, len, x->width, x->rtz, acc);
+}
+
 /* significand in [1, 2) and exponent of a positive finite FP32 scale (zero: 0 and 0) */
 static inline float scale_significand(float s, int *e) {
     if (s == 0.0f) { *e = 0; return 0.0f; }
@@ -220,42 +218,14 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
     for (int64_t p = 0; p < panels; ++p)
         for (int64_t j = 0; j < subs; ++j)
             for (int t = 0; t < PNR && p * PNR + t < n; ++t) {
-                int64_t col = p * PNR + t, e;
-                int ei;
-                float sig = scale_significand(sb[((j * SUB) / block) * scols + col / cb], &ei);
-                e = ei;
-                bf[(p * subs + j) * PNR + t] = ldexp(1.0, (int)e);
+                int64_t col = p * PNR + t;
+                int e;
+                float sig = scale_significand(sb[((j * SUB) / block) * scols + col / cb], &e);
+                bf[(p * subs + j) * PNR + t] = ldexp(1.0, e);
                 for (int64_t kk = j * SUB; kk < (j + 1) * SUB; ++kk) bp[(p * k + kk) * PNR + t] = pb[kk * n + col] * sig;
             }
-    int64_t kc = KC % width == 0 ? KC : width;
-    const int64_t band_block = 16;
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bb = 0; bb < bands; bb += band_block) {
-        int64_t b_end = bb + band_block < bands ? bb + band_block : bands;
-        float *acc = (float *)calloc((size_t)((b_end - bb) * panels * AMR * PNR), sizeof(float));
-        if (!acc) {
-            failed = 1;
-            continue;
-        }
-        for (int64_t k0 = 0; k0 < k; k0 += kc) {
-            int64_t len = k - k0 < kc ? k - k0 : kc;
-            for (int64_t p = 0; p < panels; ++p)
-                for (int64_t band = bb; band < b_end; ++band)
-                    micro_payload_6x16(ap + (band * k + k0) * AMR, bp + (p * k + k0) * PNR,
-                                       bf + (p * subs + k0 / SUB) * PNR, len, width, rtz,
-                                       acc + ((band - bb) * panels + p) * AMR * PNR);
-        }
-        for (int64_t band = bb; band < b_end; ++band)
-            for (int64_t p = 0; p < panels; ++p)
-                for (int r = 0; r < AMR && band * AMR + r < m; ++r)
-                    for (int t = 0; t < PNR && p * PNR + t < n; ++t) {
-                        float v = acc[(((band - bb) * panels + p) * AMR + r) * PNR + t];
-                        if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
-                        c[(band * AMR + r) * n + p * PNR + t] = v * alpha;
-                    }
-        free(acc);
-    }
+    payload_ctx ctx = {ap, bp, bf, k, subs, width, rtz};
+    int failed = run_bands(m, n, k, width, PNR, grid, alpha, c, payload_tile, &ctx);
     free(ap);
     free(bp);
     free(bf);
@@ -286,40 +256,83 @@ static int probe_gemm_avx2(const void *a, const void *b, int f64, int64_t m, int
                 int64_t at = kk * n + p * ANR + t;
                 bp[(p * k + kk) * ANR + t] = f64 ? b64[at] : (double)b32[at];
             }
-    int64_t kc = KC % width == 0 ? KC : width;
-    /* Row blocks of 16 bands (96 rows: their A chunk stays in L2) sweep every column panel per K chunk. */
-    const int64_t band_block = 16;
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bb = 0; bb < bands; bb += band_block) {
-        int64_t b_end = bb + band_block < bands ? bb + band_block : bands;
-        float *acc = (float *)calloc((size_t)((b_end - bb) * panels * AMR * ANR), sizeof(float));
-        if (!acc) {
-            failed = 1;
-            continue;
-        }
-        for (int64_t k0 = 0; k0 < k; k0 += kc) {
-            int64_t len = k - k0 < kc ? k - k0 : kc;
-            for (int64_t p = 0; p < panels; ++p)
-                for (int64_t band = bb; band < b_end; ++band)
-                    micro_6x8(ap + (band * k + k0) * AMR, bp + (p * k + k0) * ANR, len, width, rtz,
-                              acc + ((band - bb) * panels + p) * AMR * ANR);
-        }
-        for (int64_t band = bb; band < b_end; ++band)
-            for (int64_t p = 0; p < panels; ++p)
-                for (int r = 0; r < AMR && band * AMR + r < m; ++r)
-                    for (int t = 0; t < ANR && p * ANR + t < n; ++t) {
-                        float v = acc[(((band - bb) * panels + p) * AMR + r) * ANR + t];
-                        if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
-                        c[(band * AMR + r) * n + p * ANR + t] = v * alpha;
-                    }
-        free(acc);
-    }
+    encoded_ctx ctx = {ap, bp, k, width, rtz};
+    int failed = run_bands(m, n, k, width, ANR, grid, alpha, c, encoded_tile, &ctx);
     free(ap);
     free(bp);
     return failed;
 }
 #endif
+
+#if !UE5M3_AVX2
+/* Portable path (no AVX2 + FMA): the FP64 encoded kernel with GCC vector extensions. */
+/* The probe-matched GEMM in one pass: C[M,N] = combine over K-slices of float(exact slice dot product).
+ *
+ * A [M,K] and B [K,N] are row-major FP64 encoded operands whose slice sums are exact in FP64 whatever the
+ * order (the caller checks the exponent spans and routes other tiles to the exact TwoSum path), so the FP64
+ * sums here may be formed in any order. Each slice sum is rounded once to FP32 and added to the FP32
+ * accumulator in K order with add_rtz (rtz = 1) or an RNE addition. Register blocking: 8 rows x 8 columns of
+ * FP64 slice sums and FP32 accumulators; B is packed into panels of 8 columns so a panel stays in cache while
+ * a band of A rows sweeps over it.
+ */
+
+#define MR 8
+#define NR 8
+#define MB 64
+
+/* A full MR x NR tile: one 8-wide FP64 vector of slice sums per row (GCC vector extensions: AVX-512 where the
+ * CPU has it, narrower vectors elsewhere; the operations are the same IEEE multiplies and adds). */
+typedef double v8d __attribute__((vector_size(64)));
+
+static inline v8d load8(const double *p) {
+    v8d v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void probe_tile_full(const double *a, int64_t lda, const double *panel, int64_t k, int64_t width, int rtz,
+                            float *c, int64_t ldc) {
+    float acc[MR][NR] = {{0}};
+    const double *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
+    const double *a4 = a + 4 * lda, *a5 = a + 5 * lda, *a6 = a + 6 * lda, *a7 = a + 7 * lda;
+    for (int64_t s = 0; s < k; s += width) {
+        v8d s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+        for (int64_t kk = s; kk < s + width; ++kk) {
+            const v8d b = load8(panel + kk * NR);
+            s0 += b * a0[kk];
+            s1 += b * a1[kk];
+            s2 += b * a2[kk];
+            s3 += b * a3[kk];
+            s4 += b * a4[kk];
+            s5 += b * a5[kk];
+            s6 += b * a6[kk];
+            s7 += b * a7[kk];
+        }
+        const v8d sums[MR] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        for (int r = 0; r < MR; ++r)
+            for (int t = 0; t < NR; ++t) {
+                float p = (float)sums[r][t];
+                acc[r][t] = rtz ? add_rtz(acc[r][t], p) : acc[r][t] + p;
+            }
+    }
+    for (int r = 0; r < MR; ++r)
+        for (int t = 0; t < NR; ++t) c[r * ldc + t] = acc[r][t];
+}
+
+/* Edge tiles (fewer rows or columns): one output at a time, same operations. */
+static void probe_tile_edge(const double *a, int64_t lda, const double *panel, int64_t rows, int64_t cols,
+                            int64_t k, int64_t width, int rtz, float *c, int64_t ldc) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t t = 0; t < cols; ++t) {
+            float acc = 0.0f;
+            for (int64_t s = 0; s < k; s += width) {
+                double sum = 0.0;
+                for (int64_t kk = s; kk < s + width; ++kk) sum += a[r * lda + kk] * panel[kk * NR + t];
+                acc = rtz ? add_rtz(acc, (float)sum) : acc + (float)sum;
+            }
+            c[r * ldc + t] = acc;
+        }
+}
 
 static int probe_gemm_generic(const double *a, const double *b, int64_t m, int64_t n, int64_t k, int64_t width,
                               int rtz, float *c) {
@@ -348,6 +361,7 @@ static int probe_gemm_generic(const double *a, const double *b, int64_t m, int64
     free(packed);
     return 0;
 }
+#endif
 
 /* The probe-matched GEMM of FP64 (f64 = 1) or FP32 encoded operands, finished with the lattice snap and alpha. */
 int ue5m3_probe_gemm(const void *a, const void *b, int f64, int64_t m, int64_t n, int64_t k, int64_t width, int rtz,
@@ -370,11 +384,7 @@ int ue5m3_probe_gemm(const void *a, const void *b, int f64, int64_t m, int64_t n
     free(wa);
     free(wb);
     if (status) return status;
-    for (int64_t i = 0; i < m * n; ++i) {
-        float v = c[i];
-        if (grid > 0.0f) v = nearbyintf(v * grid) / grid;
-        c[i] = v * alpha;
-    }
+    for (int64_t i = 0; i < m * n; ++i) c[i] = finish(c[i], grid, alpha);
     return 0;
 #endif
 }
