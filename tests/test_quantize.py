@@ -308,9 +308,9 @@ def test_nvfp4_dequantizes_in_te_kernel_order_and_offers_the_te_tests_order():
     # the two orders and the old ((q * s) * amax) / 2688 do differ on ordinary values
     with np.errstate(under="ignore"):
         old = ((np_of(q.payload) * s) * amax) / F32(2688)
-    assert not np.array_equal(kernel.view(np.int32), tests_order.view(np.int32)) or not np.array_equal(
-        kernel.view(np.int32), old.view(np.int32)
-    )
+    bits = {name: v.view(np.int32) for name, v in (("kernel", kernel), ("tests", tests_order), ("old", old))}
+    assert not np.array_equal(bits["kernel"], bits["tests"])
+    assert not np.array_equal(bits["old"], bits["kernel"]) and not np.array_equal(bits["old"], bits["tests"])
 
 
 @pytest.mark.parametrize("order", list(DequantizeOrder))
