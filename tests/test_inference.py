@@ -99,6 +99,8 @@ def test_forward_unit_advances_the_counter_once_and_every_module_is_in_inference
         logits = loaded.forward_unit(ids)
     assert logits.shape == (1, 64, 4096) and logits.dtype == torch.float32
     assert loaded.scales.unit == 3 and loaded.units == 3
+    # frozen weights: each is quantized once and reused by every later unit
+    assert all((m.weight_cache.misses, m.weight_cache.hits) == (1, 2) for m in quant)
     refreshes = loaded.scales.refresh_units()
     assert len(refreshes) == len(quant) and set(refreshes.values()) == {1}
 

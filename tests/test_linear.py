@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ue5m3.layers import linear, recipes
-from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
+from ue5m3.layers.linear import FP4Matmul, QuantLinear, convert, find_scale_state
 from ue5m3.layers.recipes import GemmModel, Operand
 from ue5m3.numerics import philox
 from ue5m3.numerics.philox import SRState
@@ -68,16 +68,17 @@ def test_proposed_recipe_makes_exactly_six_quantizer_calls_with_the_paper_settin
     layer, _ = _layer()
     calls = _record_quantizer_calls(monkeypatch)
     _step(layer)
+    # the forward pass also quantizes X's wgrad copy (its packed form is what the backward keeps)
     order = [
         Operand.FPROP_ACTIVATION,
         Operand.FPROP_WEIGHT,
-        Operand.DGRAD_UPSTREAM_GRADIENT,
-        Operand.WGRAD_UPSTREAM_GRADIENT,
-        Operand.DGRAD_WEIGHT,
         Operand.WGRAD_ACTIVATION,
+        Operand.DGRAD_UPSTREAM_GRADIENT,
+        Operand.DGRAD_WEIGHT,
+        Operand.WGRAD_UPSTREAM_GRADIENT,
     ]
     assert [c["operand"] for c in calls] == order
-    assert [c["rounding"] for c in calls] == ["rne", "rne", "sf", "sf", "rne", "rne"]
+    assert [c["rounding"] for c in calls] == ["rne", "rne", "rne", "sf", "rne", "sf"]
     assert [c["target"] for c in calls] == [448.0] * 6
     assert [c["two_d"] for c in calls] == [False, True, False, False, True, False]
 
@@ -309,3 +310,119 @@ def test_each_data_parallel_rank_draws_the_bits_of_its_tokens_in_the_global_micr
         shard = _dy_bits(monkeypatch, state(rank=rank, world=2), dy[tokens], x[tokens])
         assert torch.equal(shard[Operand.DGRAD_UPSTREAM_GRADIENT], whole[Operand.DGRAD_UPSTREAM_GRADIENT][tokens])
         assert torch.equal(shard[Operand.WGRAD_UPSTREAM_GRADIENT], whole[Operand.WGRAD_UPSTREAM_GRADIENT][:, tokens])
+
+
+# ----- memory: the weight quantized once per step, X kept in packed form ---------------------------------
+
+
+def _accumulating_steps(mode, steps=2, microbatches=3, monkeypatch=None):
+    """Steps of three accumulated microbatches with an in-place weight update between steps; returns the outputs,
+    the accumulated gradients per step, and the weight quantizer calls made."""
+    layer, _ = _layer()
+    sr = SRState(7)
+    layer.sr_state = sr
+    linear.set_weight_caching(layer, mode)
+    calls = _record_quantizer_calls(monkeypatch) if monkeypatch is not None else []
+    state, gen = find_scale_state(layer), torch.Generator().manual_seed(3)
+    outputs, grads = [], []
+    for step in range(1, steps + 1):
+        state.begin_step(step)
+        sr.begin_step(step)
+        for microbatch in range(microbatches):
+            sr.begin_microbatch(microbatch)
+            x = torch.randn(64, layer.in_features, generator=gen, requires_grad=True)
+            y = layer(x)
+            y.backward(torch.randn(y.shape, generator=gen))
+            outputs += [y.detach(), x.grad]
+        grads.append(layer.weight.grad.clone())
+        with torch.no_grad():  # an optimizer's in-place update
+            layer.weight.sub_(0.1 * layer.weight.grad)
+        layer.weight.grad = None
+    weight_calls = [c for c in calls if c["operand"] in (Operand.FPROP_WEIGHT, Operand.DGRAD_WEIGHT)]
+    return layer, outputs + grads, weight_calls
+
+
+@pytest.mark.parametrize("mode", ["version", "step"])
+def test_the_weight_is_quantized_once_per_step_and_reused_with_the_same_bits(mode, monkeypatch):
+    _, reference, uncached_calls = _accumulating_steps("off", monkeypatch=monkeypatch)
+    monkeypatch.undo()
+    layer, results, calls = _accumulating_steps(mode, monkeypatch=monkeypatch)
+    assert len(uncached_calls) == 2 * 3 * 2  # fprop and dgrad weight, 3 microbatches, 2 steps
+    assert len(calls) == 2 * 2  # once per step each
+    assert layer.weight_cache.hits == 2 * 2 * 2
+    for got, want in zip(results, reference, strict=True):
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_the_version_cache_sees_in_place_updates_and_data_swaps_within_a_step():
+    layer, _ = _layer()
+    find_scale_state(layer).begin_step(1)
+    x = torch.randn(32, layer.in_features)
+    with torch.no_grad():
+        first = layer(x)
+        layer.weight.mul_(0.5)  # in place: the version counter moves
+        halved = layer(x)
+        layer.weight.data = layer.weight.data * 2.0  # a .data swap: the storage moves
+        again = layer(x)
+    linear.set_weight_caching(layer, "off")
+    with torch.no_grad():
+        assert torch.equal(again, layer(x)) and torch.equal(again, first)
+        layer.weight.mul_(0.5)
+        assert torch.equal(halved, layer(x))
+    assert not torch.equal(first, halved)
+
+
+def test_stochastically_rounded_weights_are_never_cached(monkeypatch):
+    layer, _ = _layer()
+    weight_sr = dataclasses.replace(layer.policy.operands[Operand.FPROP_WEIGHT], rounding="sr")
+    layer.policy = dataclasses.replace(
+        layer.policy, operands={**layer.policy.operands, Operand.FPROP_WEIGHT: weight_sr}
+    )
+    calls = _record_quantizer_calls(monkeypatch)
+    find_scale_state(layer).begin_step(1)
+    with torch.no_grad():
+        layer(torch.randn(8, layer.in_features)), layer(torch.randn(8, layer.in_features))
+    assert [c["operand"] for c in calls].count(Operand.FPROP_WEIGHT) == 2
+
+
+def _saved_for_backward(layer, x):
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = FP4Matmul.apply(x, layer.weight, layer.policy, layer.scale_state, layer.stats, True, None, None)
+    return y, saved
+
+
+@pytest.mark.parametrize("recipe_name", ["ue5m3_b16", "nvfp4_te", "mxfp4"])
+def test_the_backward_keeps_the_packed_wgrad_copy_of_x_instead_of_x(recipe_name):
+    layer, _ = _layer(recipe_name, in_f=256, out_f=64)
+    find_scale_state(layer).begin_step(1)
+    x = torch.randn(128, 256, requires_grad=True)
+    _, saved = _saved_for_backward(layer, x)
+    others = [t for t in saved if t is not layer.weight]
+    assert len(others) == len(saved) - 1  # the weight is held as the parameter itself, no copy
+    assert all(t.data_ptr() != x.data_ptr() and t.dtype != torch.float32 or t.numel() < x.numel() for t in others)
+    block = linear.get_scheme(recipes.get(recipe_name).scheme).block_size
+    per_element = 0.5 + 1 / block + 4 / block  # packed payload, scale code, FP32 block amax
+    assert sum(t.numel() * t.element_size() for t in others) <= 128 * 256 * per_element + 64
+
+
+def test_no_gradient_work_for_inputs_that_need_none(monkeypatch):
+    layer, _ = _layer()
+    calls = _record_quantizer_calls(monkeypatch)
+    find_scale_state(layer).begin_step(1)
+    layer.weight.requires_grad_(False)
+    layer.bias.requires_grad_(False)
+    x = torch.randn(64, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()
+    assert {c["operand"] for c in calls}.isdisjoint({Operand.WGRAD_ACTIVATION, Operand.WGRAD_UPSTREAM_GRADIENT})
+    assert x.grad is not None and layer.weight.grad is None
+    calls.clear()
+    layer.weight.requires_grad_(True)
+    layer(torch.randn(64, layer.in_features)).sum().backward()  # the input needs no gradient
+    assert {c["operand"] for c in calls}.isdisjoint({Operand.DGRAD_WEIGHT, Operand.DGRAD_UPSTREAM_GRADIENT})
+    assert layer.weight.grad is not None

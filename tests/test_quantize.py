@@ -24,6 +24,7 @@ from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
 
 from conftest import f32_bits, rne_scalar, spec_magnitudes
 from ue5m3.numerics import formats
+from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import UE8M0
 from ue5m3.numerics.kernels import cpu as cpu_kernel
 from ue5m3.numerics.quantize import (
@@ -741,6 +742,40 @@ def test_packed_payload_decodes_to_the_payload():
     q = quantize(x, "ue5m3_b16")
     codes = unpack_fp4(q.packed())
     assert torch.equal(formats.decode(codes.long(), "e2m1"), q.payload)
+
+
+_QUANTIZED_FIELDS = ("payload_blocks", "scale_values", "decode_scales_blocks", "block_amax", "tensor_amax")
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+@pytest.mark.parametrize(("two_d", "axis"), [(False, 0), (False, -1), (True, -1)])
+@pytest.mark.parametrize("stale", [False, True])
+def test_packed_storage_unpacks_to_the_same_bits(scheme, two_d, axis, stale):
+    """Ragged shapes, zero blocks, signed zeros, 60 decades of magnitude, a stale reference far below the data."""
+    x = torch.randn(40, 72, generator=torch.Generator().manual_seed(5)) * torch.logspace(-30, 30, 72)
+    x[3], x[:, 5], x[7, :16] = 0.0, -0.0, 0.0
+    ref = torch.tensor(1e-3) if stale and SCHEMES[scheme].target is not None else None
+    q = quantize(x, scheme, two_d=two_d, axis=axis, tensor_amax=ref, rounding="sr", generator=torch.Generator())
+    packed = q.pack()
+    assert packed.payload_codes.dtype == torch.uint8 and packed.scale_codes.dtype == torch.uint8
+    u = packed.with_tensors(tuple(t.clone() for t in packed.tensors())).unpack()
+    for field in _QUANTIZED_FIELDS:
+        assert_bits_equal(getattr(u, field), getattr(q, field), field)
+    assert torch.equal(u.zero_rounded_blocks, q.zero_rounded_blocks)
+    assert_bits_equal(u.dequantize(), q.dequantize(), "dequantized")
+
+
+def test_packed_storage_takes_0_8125_bytes_per_element_for_16_element_blocks():
+    q = quantize(torch.randn(64, 256), "nvfp4")
+    fixed = 3 * 4 + 2 * 8  # the 0-dim references and counters
+    assert q.pack().nbytes - fixed == 64 * 256 * (0.5 + 1 / 16 + 4 / 16)
+
+
+def test_packing_and_unpacking_run_on_the_meta_device_without_host_reads():
+    x = torch.empty(64, 256, device="meta")
+    ref = torch.ones((), device="meta")
+    q = quantize(x, "ue5m3_b16", tensor_amax=ref, backend="torch", checks=DeferredChecks()).pack().unpack()
+    assert q.payload_blocks.device.type == "meta" and q.payload.shape == (64, 256)
 
 
 # ----- stochastic rounding through quantize ------------------------------------------------------------

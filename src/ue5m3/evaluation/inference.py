@@ -100,6 +100,12 @@ class InferenceScales:
         self._weights: dict[str, torch.Tensor] = {}
         self._calibration: dict[str, torch.Tensor] = {}
         self._frozen: dict[str, torch.Tensor] | None = None
+        self._weight_freezes = 0
+
+    @property
+    def weight_epoch(self) -> int:
+        """Weight references are frozen: they change only when :meth:`freeze_weights` runs again."""
+        return self._weight_freezes
 
     @property
     def unit(self) -> int:
@@ -123,6 +129,7 @@ class InferenceScales:
 
     def freeze_weights(self, model: nn.Module) -> None:
         """Record each converted weight's amax once (FP32, like a training refresh)."""
+        self._weight_freezes += 1
         with torch.no_grad():
             for module in model.modules():
                 if isinstance(module, QuantLinear):

@@ -12,14 +12,21 @@ transposes of the forward copies). With RHT (TE settings), the wgrad operands ar
 tokens with their current amax. Every quantizer call goes through :func:`quantize_operand` and every GEMM
 through :func:`run_gemm`, so tests can record them.
 
+Memory: the forward pass quantizes the wgrad copy of X along tokens right away and saves only its packed form
+(:class:`~ue5m3.numerics.quantize.PackedQuantized`, about 0.8 bytes per element for 16-element blocks) instead of an
+FP32 copy of X (4 bytes); the weight's two quantizations are computed once per optimizer step and reused by every
+microbatch (:class:`WeightCaching`). Both only move or reuse a computation, so the bits are the same.
+
 :class:`QuantLinear` only flattens the input, calls :class:`FP4Matmul`, reshapes and adds the bias in FP32.
 :func:`convert` swaps selected exact ``nn.Linear`` modules for it, sharing the same Parameter objects.
 """
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +39,7 @@ from ue5m3.numerics.backend import Backend
 from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.philox import ElementIndex, RandomStream, SRState
-from ue5m3.numerics.quantize import BlockScheme, QuantizedTensor, get_scheme, quantize
+from ue5m3.numerics.quantize import BlockScheme, PackedQuantized, QuantizedTensor, get_scheme, quantize
 from ue5m3.numerics.scaling import OperandRole, ScaleState
 
 __all__ = [
@@ -45,6 +52,9 @@ __all__ = [
     "find_quant_stats",
     "find_sr_state",
     "QuantStats",
+    "WeightCaching",
+    "WeightCache",
+    "set_weight_caching",
     "layer_index",
     "quantize_operand",
     "run_gemm",
@@ -162,6 +172,58 @@ class QuantStats:
         return out
 
 
+class WeightCaching(enum.StrEnum):
+    """When a layer's weight quantizations may be reused instead of recomputed.
+
+    * ``version`` (default): while the weight is the same tensor, unmodified (autograd's version counter and
+      storage pointer) and the scale step is the same: safe for any use, and every microbatch of an optimizer step
+      hits in one process.
+    * ``step``: for the whole scale step, whatever happens to the tensor object: for FSDP2, whose all-gathers
+      rewrite the unsharded weight for every microbatch although its values change only at the optimizer step.
+      The trainer's contract; a packed copy of every weight then stays resident for the step.
+    * ``off``: quantize the weight at every use (nothing held between passes).
+    """
+
+    VERSION = "version"
+    STEP = "step"
+    OFF = "off"
+
+
+class WeightCache:
+    """The packed weight quantizations of one :class:`QuantLinear` (fprop W^T and dgrad W), kept while their key
+    holds. Only deterministic roundings are cached (stochastic ones draw per microbatch)."""
+
+    def __init__(self, mode: WeightCaching | str = WeightCaching.VERSION) -> None:
+        self.mode = WeightCaching(mode)
+        self._entries: dict[Operand, tuple[weakref.ref, tuple, PackedQuantized]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(
+        self, operand: Operand, weight: torch.Tensor, step: int | None, make: Callable[[], QuantizedTensor]
+    ) -> QuantizedTensor:
+        if self.mode is WeightCaching.OFF:
+            return make()
+        # host metadata only: the version counter and storage pointer catch in-place updates and `.data` swaps
+        key = (step,) if self.mode is WeightCaching.STEP else (step, weight._version, weight.data_ptr())
+        entry = self._entries.get(operand)
+        if entry is not None and entry[1] == key and (self.mode is WeightCaching.STEP or entry[0]() is weight):
+            self.hits += 1
+            return entry[2].unpack()
+        self.misses += 1
+        q = make()
+        self._entries[operand] = (weakref.ref(weight), key, q.pack())
+        return q
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the held packed quantizations take."""
+        return sum(entry[2].nbytes for entry in self._entries.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 class FP4Matmul(torch.autograd.Function):
     """Y = X W^T with FP4 operands; backward computes dgrad and wgrad with their own quantizations."""
 
@@ -175,8 +237,11 @@ class FP4Matmul(torch.autograd.Function):
         stats: QuantStats,
         stochastic: bool,
         sr: SRState | None,
+        weights: WeightCache | None = None,
     ) -> torch.Tensor:
-        ops, name = policy.operands, policy.module
+        ops, name, scheme = policy.operands, policy.module, policy.scheme
+        weights = weights if weights is not None else WeightCache(WeightCaching.OFF)
+        step = state.weight_epoch if state is not None else None
         # finiteness checks are deferred to one read per optimizer step (training) or work unit (evaluation)
         checks = stats.checks
         ref_x = state.reference(OperandRole.ACTIVATION, name, x, checks) if state is not None else None
@@ -185,34 +250,45 @@ class FP4Matmul(torch.autograd.Function):
         x_q = quantize_operand(
             x,
             ops[Operand.FPROP_ACTIVATION],
-            policy.scheme,
+            scheme,
             axis=-1,
             reference=ref_x,
             name=f"{name}.fprop.x",
             backend=policy.backend,
             checks=checks,
         )
-        wt_q = quantize_operand(
-            weight.t(),
-            ops[Operand.FPROP_WEIGHT],
-            policy.scheme,
-            axis=0,
-            reference=ref_w,
-            name=f"{name}.fprop.w",
-            backend=policy.backend,
-            checks=checks,
+        wt_q = _weight_operand(
+            weights, Operand.FPROP_WEIGHT, weight, step, policy, ref_w, checks, transpose=True, name=f"{name}.fprop.w"
         )
         stats.add(x_q), stats.add(wt_q)
         y = run_gemm(x_q, wt_q, policy.gemm, backend=policy.backend)  # [T, out] FP32
-        ctx.save_for_backward(x, weight)
-        ctx.policy, ctx.state, ctx.stats, ctx.refs, ctx.stochastic = policy, state, stats, (ref_x, ref_w), stochastic
-        ctx.sr = sr
+        saved: tuple[torch.Tensor, ...] = ()
+        ctx.wgrad_x = None
+        if ctx.needs_input_grad[1]:
+            # wgrad: B = X [T, in] along tokens, from the high-precision X (RHT'd along tokens if configured),
+            # quantized now so that the backward holds its packed form instead of X
+            xt, xt_current = _wgrad_operand(x.t(), ops[Operand.WGRAD_ACTIVATION])
+            wgrad_x = quantize_operand(
+                xt.t(),
+                ops[Operand.WGRAD_ACTIVATION],
+                scheme,
+                axis=0,
+                reference=None if xt_current else ref_x,
+                name=f"{name}.wgrad.x",
+                checks=checks,
+                backend=policy.backend,
+            ).pack()
+            ctx.wgrad_x, saved = wgrad_x, wgrad_x.tensors()
+        ctx.save_for_backward(weight, *saved)
+        ctx.x_dtype = x.dtype
+        ctx.policy, ctx.state, ctx.stats, ctx.ref_w, ctx.stochastic = policy, state, stats, ref_w, stochastic
+        ctx.sr, ctx.weights, ctx.step = sr, weights, step
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        policy, state, (ref_x, ref_w) = ctx.policy, ctx.state, ctx.refs
+        weight, *saved = ctx.saved_tensors
+        policy, state, ref_w = ctx.policy, ctx.state, ctx.ref_w
         ops, name, scheme, sr = policy.operands, policy.module, policy.scheme, ctx.sr
         checks = ctx.stats.checks
         dy = grad_y.to(torch.float32)
@@ -226,63 +302,86 @@ class FP4Matmul(torch.autograd.Function):
 
         # One dY reference shared by both backward GEMMs.
         ref_dy = state.reference(OperandRole.UPSTREAM_GRADIENT, name, dy, checks) if state is not None else None
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            # dgrad: A = dY [T, out] along out; B = W [out, in] along out (the same 2D tiles as the forward pass)
+            dy_q = quantize_operand(
+                dy,
+                ops[Operand.DGRAD_UPSTREAM_GRADIENT],
+                scheme,
+                axis=-1,
+                reference=ref_dy,
+                name=f"{name}.dgrad.dy",
+                checks=checks,
+                stochastic=ctx.stochastic,
+                backend=policy.backend,
+                **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
+            )
+            w_q = _weight_operand(
+                ctx.weights,
+                Operand.DGRAD_WEIGHT,
+                weight,
+                ctx.step,
+                policy,
+                ref_w,
+                checks,
+                transpose=False,
+                name=f"{name}.dgrad.w",
+            )
+            ctx.stats.add(dy_q), ctx.stats.add(w_q)
+            grad_x = run_gemm(dy_q, w_q, policy.gemm, backend=policy.backend).to(ctx.x_dtype)  # [T, out] @ [out, in]
+        if ctx.needs_input_grad[1]:
+            # wgrad: A = dY^T [out, T] along tokens (RHT'd with current amax if configured); B = the saved X copy
+            dyt, dyt_current = _wgrad_operand(dy.t(), ops[Operand.WGRAD_UPSTREAM_GRADIENT])
+            dyt_q = quantize_operand(
+                dyt,
+                ops[Operand.WGRAD_UPSTREAM_GRADIENT],
+                scheme,
+                axis=-1,
+                reference=None if dyt_current else ref_dy,
+                name=f"{name}.wgrad.dyt",
+                checks=checks,
+                stochastic=ctx.stochastic,
+                backend=policy.backend,
+                **bits(Operand.WGRAD_UPSTREAM_GRADIENT, tuple(dyt.shape), 1),
+            )
+            x_q = ctx.wgrad_x.with_tensors(tuple(saved)).unpack()
+            ctx.stats.add(dyt_q), ctx.stats.add(x_q)
+            grad_w = run_gemm(dyt_q, x_q, policy.gemm, backend=policy.backend).to(weight.dtype)  # [out, T] @ [T, in]
+        return grad_x, grad_w, None, None, None, None, None, None
 
-        # dgrad, quantizations: A = dY [T, out] along out
-        dy_q = quantize_operand(
-            dy,
-            ops[Operand.DGRAD_UPSTREAM_GRADIENT],
-            scheme,
-            axis=-1,
-            reference=ref_dy,
-            name=f"{name}.dgrad.dy",
-            checks=checks,
-            stochastic=ctx.stochastic,
-            backend=policy.backend,
-            **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
-        )
-        # wgrad, quantizations: A = dY^T [out, T] along tokens (RHT'd with current amax if configured)
-        dyt, dyt_current = _wgrad_operand(dy.t(), ops[Operand.WGRAD_UPSTREAM_GRADIENT])
-        dyt_q = quantize_operand(
-            dyt,
-            ops[Operand.WGRAD_UPSTREAM_GRADIENT],
-            scheme,
-            axis=-1,
-            reference=None if dyt_current else ref_dy,
-            name=f"{name}.wgrad.dyt",
-            checks=checks,
-            stochastic=ctx.stochastic,
-            backend=policy.backend,
-            **bits(Operand.WGRAD_UPSTREAM_GRADIENT, tuple(dyt.shape), 1),
-        )
-        # dgrad: B = W [out, in] along out (the same 2D tiles as the forward pass)
-        w_q = quantize_operand(
-            weight,
-            ops[Operand.DGRAD_WEIGHT],
-            scheme,
+
+def _weight_operand(
+    weights: WeightCache,
+    operand: Operand,
+    weight: torch.Tensor,
+    step: int | None,
+    policy: LinearPolicy,
+    reference: torch.Tensor | None,
+    checks: DeferredChecks,
+    *,
+    transpose: bool,
+    name: str,
+) -> QuantizedTensor:
+    """The weight quantized for ``operand``: W^T along in (fprop) or W along out (dgrad), from the cache when its
+    rounding is deterministic (the same bits: the weight and its held reference do not change within a step)."""
+    spec = policy.operands[operand]
+
+    def make() -> QuantizedTensor:
+        return quantize_operand(
+            weight.t() if transpose else weight,
+            spec,
+            policy.scheme,
             axis=0,
-            reference=ref_w,
-            name=f"{name}.dgrad.w",
-            checks=checks,
+            reference=reference,
+            name=name,
             backend=policy.backend,
-        )
-        # wgrad: B = X [T, in] along tokens, from the high-precision X (RHT'd along tokens if configured)
-        xt, xt_current = _wgrad_operand(x.t(), ops[Operand.WGRAD_ACTIVATION])
-        x_q = quantize_operand(
-            xt.t(),
-            ops[Operand.WGRAD_ACTIVATION],
-            scheme,
-            axis=0,
-            reference=None if xt_current else ref_x,
-            name=f"{name}.wgrad.x",
             checks=checks,
-            backend=policy.backend,
         )
 
-        for q in (dy_q, dyt_q, w_q, x_q):
-            ctx.stats.add(q)
-        grad_x = run_gemm(dy_q, w_q, policy.gemm, backend=policy.backend)  # dgrad: [T, out] @ [out, in] -> [T, in]
-        grad_w = run_gemm(dyt_q, x_q, policy.gemm, backend=policy.backend)  # wgrad: [out, T] @ [T, in] -> [out, in]
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), None, None, None, None, None
+    if Rounding(spec.rounding).random_bit_count:
+        return make()
+    return weights.get(operand, weight, step, make)
 
 
 class QuantLinear(nn.Module):
@@ -312,6 +411,7 @@ class QuantLinear(nn.Module):
         self.stats = stats if stats is not None else QuantStats()
         self.sr_state = sr_state
         self.inference = False
+        self.weight_cache = WeightCache()
 
     @classmethod
     def from_float(
@@ -345,6 +445,7 @@ class QuantLinear(nn.Module):
             self.stats,
             not self.inference,
             self.sr_state,
+            self.weight_cache,
         )
         if self.bias is not None:
             y = y + self.bias.to(torch.float32)
@@ -497,3 +598,10 @@ def find_sr_state(model: nn.Module) -> SRState | None:
     if len(found) > 1:
         raise ValueError("the model's FP4 linears use different SR states; convert with one shared state")
     return next(iter(found.values()), None)
+
+
+def set_weight_caching(model: nn.Module, mode: WeightCaching | str) -> None:
+    """Set how every FP4 linear of ``model`` reuses its weight quantizations (held copies are dropped)."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.weight_cache = WeightCache(mode)

@@ -53,6 +53,7 @@ __all__ = [
     "get_scheme",
     "Backend",
     "QuantizedTensor",
+    "PackedQuantized",
     "quantize",
     "fake_quantize",
     "pack_fp4",
@@ -342,6 +343,18 @@ class QuantizedTensor:
         """Payload codes packed two per byte along the last axis (element 2i in the low nibble)."""
         return pack_fp4(self.payload_codes)
 
+    def pack(self) -> PackedQuantized:
+        """The storage form (element codes two per byte, scale codes one per byte): what a training step keeps
+        between the forward and the backward pass; :meth:`PackedQuantized.unpack` gives these bits back."""
+        element, scale = self.scheme.element, self.scheme.scale
+        payload = formats.codes_of_values(self.payload_blocks, element).to(torch.uint8)
+        if element.bits <= 4:
+            payload = payload[..., 0::2] | (payload[..., 1::2] << 4)  # blocks have an even size
+        scales = self.scale_values
+        if scale.bits <= 8:
+            scales = formats.codes_of_values(scales, scale).to(torch.uint8)
+        return PackedQuantized(scale_codes=scales, payload_codes=payload, **_shared_fields(self))
+
     def diagnostics(self) -> dict[str, float | int]:
         return {
             "tensor_amax": float(self.tensor_amax),
@@ -349,6 +362,98 @@ class QuantizedTensor:
             "saturated_blocks": int(self.saturated_blocks),
             "blocks": int(self.scale_values.numel()),
         }
+
+
+@dataclass(frozen=True)
+class PackedQuantized:
+    """A :class:`QuantizedTensor` as it is stored: FP4 element codes two per byte, 8-bit scale codes one per byte,
+    the FP32 block maxima and the 0-dim references (1.3 bytes per element for 16-element blocks, against 4 for the
+    FP32 payload). :meth:`unpack` rebuilds the quantized tensor bit for bit without reading anything back to the
+    host; :meth:`tensors` and :meth:`with_tensors` let autograd's ``save_for_backward`` hold the tensors."""
+
+    scheme: BlockScheme
+    rounding: Rounding
+    layout: _BlockLayout
+    tensor_amax: torch.Tensor
+    global_scale: torch.Tensor
+    global_decode_scale: torch.Tensor
+    block_amax: torch.Tensor
+    scale_codes: torch.Tensor  # (..., n_blocks, 1) uint8 codes (FP32 values for scale formats wider than 8 bits)
+    payload_codes: torch.Tensor  # (..., n_blocks, block / 2) uint8, element 2i in the low nibble (FP4 elements)
+    zero_rounded_blocks: torch.Tensor
+    saturated_blocks: torch.Tensor
+
+    _TENSORS = (
+        "tensor_amax",
+        "global_scale",
+        "global_decode_scale",
+        "block_amax",
+        "scale_codes",
+        "payload_codes",
+        "zero_rounded_blocks",
+        "saturated_blocks",
+    )
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, field) for field in self._TENSORS)
+
+    def with_tensors(self, tensors: tuple[torch.Tensor, ...]) -> PackedQuantized:
+        return dataclasses.replace(self, **dict(zip(self._TENSORS, tensors, strict=True)))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def unpack(self) -> QuantizedTensor:
+        element, scale = self.scheme.element, self.scheme.scale
+        codes = self.payload_codes
+        if element.bits <= 4:  # (..., block/2) -> (..., block/2, 2) -> (..., block)
+            codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(*codes.shape[:-1], -1)
+        payload = _code_table(element, codes.device)[codes.long()]
+        scale_values = self.scale_codes
+        if scale.bits <= 8:
+            scale_values = _code_table(scale, scale_values.device)[scale_values.long()]
+        return QuantizedTensor(
+            scale_values=scale_values,
+            decode_scales_blocks=scale_values * self.global_decode_scale,  # as quantize() computes it
+            payload_blocks=payload,
+            **_shared_fields(self),
+        )
+
+
+_SHARED_FIELDS = (
+    "scheme",
+    "rounding",
+    "layout",
+    "tensor_amax",
+    "global_scale",
+    "global_decode_scale",
+    "block_amax",
+    "zero_rounded_blocks",
+    "saturated_blocks",
+)
+
+
+def _shared_fields(q: QuantizedTensor | PackedQuantized) -> dict:
+    """The fields a quantized tensor and its packed form hold alike."""
+    return {field: getattr(q, field) for field in _SHARED_FIELDS}
+
+
+_CODE_TABLES: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _code_table(fmt: FloatFormat, device: torch.device) -> torch.Tensor:
+    """FP32 value of every code of an (at most) 8-bit format, NaN where a code is not finite, on ``device``; built
+    once per format and device, so decoding by lookup never reads back to the host."""
+    key = (fmt.name, str(device))
+    if key not in _CODE_TABLES:
+        codes = torch.arange(1 << fmt.bits, dtype=torch.int64)
+        magnitude = codes & (fmt._sign_bit - 1) if fmt.signed else codes
+        finite = magnitude <= fmt.max_magnitude_code
+        table = torch.full((1 << fmt.bits,), float("nan"), dtype=torch.float32)
+        table[finite] = formats.decode(codes[finite], fmt)
+        _CODE_TABLES[key] = table.to(device)
+    return _CODE_TABLES[key]
 
 
 def _te_final_scale(scale: torch.Tensor, amax: torch.Tensor, factor_inv: torch.Tensor) -> torch.Tensor:

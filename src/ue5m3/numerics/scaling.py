@@ -139,6 +139,12 @@ class ScaleState:
         """The last step opened with :meth:`begin_step`, or ``None`` before the first."""
         return self._step
 
+    @property
+    def weight_epoch(self) -> int | None:
+        """Changes whenever a weight reference may have changed (each step): what a held weight quantization is
+        keyed on."""
+        return self._step
+
     def begin_step(self, step: int) -> None:
         """Open a logical step; call once per optimizer step before any :meth:`reference`.
 

@@ -39,7 +39,14 @@ from tqdm import tqdm
 from ue5m3 import models
 from ue5m3.artifacts import atomic_path, provenance, write_json
 from ue5m3.layers import native_te, recipes
-from ue5m3.layers.linear import convert, find_quant_stats, find_scale_state, find_sr_state
+from ue5m3.layers.linear import (
+    WeightCaching,
+    convert,
+    find_quant_stats,
+    find_scale_state,
+    find_sr_state,
+    set_weight_caching,
+)
 from ue5m3.layers.native_te import Execution
 from ue5m3.numerics.philox import SRState
 from ue5m3.training import checkpoint
@@ -114,6 +121,12 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
     # thread count or world size (each rank's tokens sit at their place in the global microbatch)
     records = convert(
         model, recipe, select=select, sr_state=SRState(cfg.seed, rank=rank, world=world), backend=cfg.backend
+    )
+    # the weight is quantized once per optimizer step and reused by its microbatches; under FSDP2 the all-gathers
+    # rewrite the unsharded weights every microbatch, so the key is the step alone (the trainer's contract)
+    set_weight_caching(
+        model,
+        WeightCaching.OFF if cfg.accumulation == 1 else WeightCaching.STEP if world > 1 else WeightCaching.VERSION,
     )
     if world > 1:
         from torch.distributed.fsdp import fully_shard
