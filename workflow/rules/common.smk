@@ -8,7 +8,13 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from ue5m3 import workflow_config
+
 validate(config, "../schemas/config.schema.yaml")
+# What the schema cannot see, before any job starts: duplicate keys, every stage's strict loader, every run's
+# settings and the cross-references between sections (errors name the key paths).
+workflow_config.check_files(workflow.configfiles)
+workflow_config.check(config, source=" + ".join(map(str, workflow.configfiles)) or "config")
 
 RESULTS_DIR = Path(config["results_dir"])
 FIGURES_DIR = Path(config["figures_dir"])
@@ -59,12 +65,12 @@ def all_figures():
 
 TRAINING = config["training"]
 CONTROL = config["control"]
-CONTROL_VARIANTS = ("t448", "override")
+CONTROL_VARIANTS = workflow_config.CONTROL_VARIANTS
 
 
 def run_dir(group, variant, seed):
     """results/train/{group}/{variant}/seed{seed}: checkpoints, metrics and final.json of one run."""
-    return result_path("train", group, variant, f"seed{seed}")
+    return workflow_config.run_dir(config, group, variant, seed)
 
 
 def main_run_dirs():
@@ -100,42 +106,11 @@ def summary_table(group, table):
     return result_path("train", "summary", group, f"{table}.csv")
 
 
-def _control_overrides(variant):
-    if variant == "t448":
-        return {}
-    override = CONTROL["override"]
-    name = f"{CONTROL['recipe']}_t{int(override['target'])}_override"
-    return {"name": name, "target_overrides": [override]}
-
-
 def run_settings(wildcards):
     """The JSON settings of one run for `ue5m3 train-config` (validated there, strictly)."""
-    section = TRAINING if wildcards.group == "main" else CONTROL
-    recipe = wildcards.variant if wildcards.group == "main" else CONTROL["recipe"]
-    overrides = (
-        {} if wildcards.group == "main" else _control_overrides(wildcards.variant)
+    settings = workflow_config.run_settings(
+        config, wildcards.group, wildcards.variant, wildcards.seed
     )
-    settings = {
-        "run_dir": run_dir(wildcards.group, wildcards.variant, wildcards.seed),
-        "model": section["model"],
-        "model_overrides": section["model_overrides"],
-        "recipe": recipe,
-        "recipe_overrides": overrides,
-        "seed": int(wildcards.seed),
-        "data": config["data"],
-        **{
-            key: section[key]
-            for key in (
-                "steps",
-                "micro_batch",
-                "accumulation",
-                "log_every",
-                "checkpoint_every",
-                "keep_every",
-                "optim",
-            )
-        },
-    }
     return json.dumps(settings, sort_keys=True)
 
 
@@ -315,23 +290,9 @@ def parity_reports():
 
 def parity_settings(wildcards):
     """A TrainConfig for the parity run (`ue5m3 train-config` validates it)."""
-    entry = IDENT["parity"][wildcards.name]
-    settings = {
-        "run_dir": result_path("identify", "parity", "runs", wildcards.name),
-        "model": entry["model"],
-        "model_overrides": entry["model_overrides"],
-        "recipe": entry["recipe"],
-        "seed": 0,
-        "data": {**config["data"], "sequence_length": entry["sequence_length"]},
-        "steps": entry["steps"],
-        "micro_batch": entry["batch_size"],
-        "accumulation": 1,
-        "log_every": 1,
-        "checkpoint_every": entry["steps"],
-        "keep_every": 0,
-        "optim": TRAINING["optim"],
-    }
-    return json.dumps(settings, sort_keys=True)
+    return json.dumps(
+        workflow_config.parity_settings(config, wildcards.name), sort_keys=True
+    )
 
 
 def parity_value(key):

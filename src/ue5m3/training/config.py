@@ -8,6 +8,8 @@ here.
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -53,9 +55,23 @@ class OptimConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
         if not 0 < self.lr < math.inf:
-            raise ValueError(f"optim.lr must be positive, got {self.lr!r}")
-        if not 0 <= self.decay_fraction <= 1 or not 0 < self.final_lr_fraction <= 1:
-            raise ValueError("optim.decay_fraction must lie in [0, 1] and optim.final_lr_fraction in (0, 1]")
+            raise ValueError(f"lr: must be positive, got {self.lr!r}")
+        for i, beta in enumerate(self.betas):
+            if not 0 <= beta < 1:
+                raise ValueError(f"betas[{i}]: must lie in [0, 1), got {beta!r}")
+        if not 0 < self.eps < math.inf:
+            raise ValueError(f"eps: must be positive and finite, got {self.eps!r}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay: must be >= 0 and finite, got {self.weight_decay!r}")
+        # inf disables clipping; a non-positive clip would flip or zero every gradient
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip: must be positive (inf: no clipping), got {self.grad_clip!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps!r}")
+        if not 0 <= self.decay_fraction <= 1:
+            raise ValueError(f"decay_fraction: must lie in [0, 1], got {self.decay_fraction!r}")
+        if not 0 < self.final_lr_fraction <= 1:
+            raise ValueError(f"final_lr_fraction: must lie in (0, 1], got {self.final_lr_fraction!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,11 +130,61 @@ class TrainConfig:
         for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"train.{key} must be a positive int, got {value!r}")
+                raise ValueError(f"{key}: must be a positive int, got {value!r}")
         if isinstance(self.optim, Mapping):
             object.__setattr__(self, "optim", config.load(OptimConfig, self.optim, path="optim"))
         if self.fp4_select is not None:
             object.__setattr__(self, "fp4_select", tuple(self.fp4_select))
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed: must be a non-negative int below 2^63, got {self.seed!r}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints: must be >= 1 (resume needs one), got {self.keep_checkpoints!r}")
+        if self.keep_every < 0:
+            raise ValueError(
+                f"keep_every: must be >= 0 (0: keep none beyond the rolling ones), got {self.keep_every!r}"
+            )
+        if self.optim.warmup_steps > self.steps:
+            raise ValueError(f"optim.warmup_steps: {self.optim.warmup_steps} exceeds steps ({self.steps})")
+        self._check_references()
+
+    def _check_references(self) -> None:
+        """The names the run refers to exist: model and its overrides, recipe and its overrides, data, layers."""
+        from ue5m3 import models
+        from ue5m3.layers import recipes
+
+        if self.model not in models.names():
+            raise ValueError(f"model: unknown model {self.model!r}; known models: {list(models.names())}")
+        try:
+            model_cfg = models.config(self.model, **self.model_overrides)
+        except TypeError as exc:
+            fields = sorted(f.name for f in dataclasses.fields(models.config(self.model)))
+            unknown = sorted(set(self.model_overrides) - set(fields))
+            raise ValueError(
+                f"model_overrides: unknown keys {unknown} for model {self.model!r}; fields: {fields}"
+            ) from (exc)
+        except ValueError as exc:
+            raise ValueError(f"model_overrides: {exc}") from None
+        try:
+            recipes.resolve(self.recipe, self.recipe_overrides)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            raise ValueError(f"recipe: {exc}") from None
+        if self.data:
+            from ue5m3.data import DataConfig
+
+            data = DataConfig.from_dict(dict(self.data), source="data")
+            if model_cfg.vocab_size != data.vocab_size:
+                raise ValueError(
+                    f"model_overrides: model {self.model!r} has vocab_size {model_cfg.vocab_size} but data.vocab_size "
+                    f"is {data.vocab_size}; set model_overrides.vocab_size to the tokenizer's size"
+                )
+        if self.fp4_select is not None:
+            eligible = models.eligible_linears(models.build_from_config(model_cfg, device="meta"))
+            for i, pattern in enumerate(self.fp4_select):
+                if not any(fnmatch.fnmatchcase(name, pattern) for name in eligible):
+                    raise ValueError(
+                        f"fp4_select[{i}]: pattern {pattern!r} matches no linear of {self.model!r} "
+                        f"(e.g. {eligible[:3]})"
+                    )
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<train config>") -> TrainConfig:
