@@ -8,8 +8,11 @@ its outputs byte for byte.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import csv
+import functools
+import hashlib
 import json
 import os
 import platform
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_path", "write_csv", "write_json", "provenance", "git_commit"]
+__all__ = ["atomic_path", "write_csv", "write_json", "provenance", "git_commit", "source_hash", "source_files"]
 
 _PACKAGES = ("ue5m3", "torch", "numpy", "ml_dtypes", "gfloat", "torchao", "snakemake", "lm_eval", "matplotlib")
 
@@ -98,6 +101,7 @@ def provenance(command: str, config: Mapping[str, Any], **extra: Any) -> dict[st
         "command": command,
         "config": dict(config),
         "git": git_commit(),
+        "source_sha256": source_hash(),
         "versions": _versions(),
         "torch_numerics": {
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -105,3 +109,71 @@ def provenance(command: str, config: Mapping[str, Any], **extra: Any) -> dict[st
         },
         **extra,
     }
+
+
+# ----- source identity ----------------------------------------------------------------------------------
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+def _module_file(module: str) -> Path | None:
+    """The file of ``ue5m3.x.y`` (a module or a package's __init__), None if it is not in the package."""
+    parts = module.split(".")[1:]
+    base = _PACKAGE_ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every ``ue5m3`` module a file imports anywhere (lazy imports inside functions included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "ue5m3")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "ue5m3":
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # submodules; attributes are dropped below
+    return found
+
+
+def _data_files(directory: Path) -> list[Path]:
+    """Non-Python files a package directory ships (recipe files, C sources, reference data), in sub-folders that are
+    not packages of their own."""
+    files = [p for p in directory.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")]
+    for sub in directory.iterdir():
+        if sub.is_dir() and not (sub / "__init__.py").exists() and sub.name != "__pycache__":
+            files += [p for p in sub.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    return files
+
+
+@functools.cache
+def source_files(*modules: str) -> tuple[Path, ...]:
+    """The package files the given modules depend on: their static ``ue5m3`` import closure (with the parent
+    packages' ``__init__`` files and each package's data files). No modules: the whole package."""
+    if not modules:
+        return tuple(sorted(p for p in _PACKAGE_ROOT.rglob("*") if p.is_file() and "__pycache__" not in p.parts))
+    seen: set[Path] = set()
+    pending = list(modules)
+    while pending:
+        name = pending.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # importing ue5m3.a.b runs ue5m3/__init__ and ue5m3/a/__init__
+            path = _module_file(".".join(parts[:i]))
+            if path is None or path in seen:
+                continue
+            seen.add(path)
+            seen.update(_data_files(path.parent))
+            pending.extend(_imported_modules(path))
+    return tuple(sorted(seen))
+
+
+def source_hash(*modules: str) -> str:
+    """SHA-256 over the relative paths and bytes of :func:`source_files` (the whole package by default): recorded
+    in provenance beside the commit, and a rule parameter so that Snakemake reruns what a source edit affects."""
+    digest = hashlib.sha256()
+    for path in source_files(*modules):
+        digest.update(path.relative_to(_PACKAGE_ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()

@@ -14,6 +14,7 @@ rule accumulation_stats:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.experiments.accumulation"),
         config=stage_config("accumulation"),
         out_dir=subpath(output.rtz_bias, parent=True),
     shell:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from ue5m3 import workflow_config
+from ue5m3 import artifacts, workflow_config
 
 validate(config, "../schemas/config.schema.yaml")
 # What the schema cannot see, before any job starts: duplicate keys, every stage's strict loader, every run's
@@ -41,6 +41,12 @@ def stage_config(dpath):
     loads with the stage's strict loader (--config); defaults for omitted keys live in the stage's dataclass.
     """
     return json.dumps(lookup(dpath=dpath, within=config), sort_keys=True)
+
+
+def source_hash(module):
+    """The hash of the package source a rule's CLI verb runs (its static import closure): a rule parameter, so
+    that Snakemake's params rerun trigger reruns exactly the jobs a source edit affects."""
+    return artifacts.source_hash(module)
 
 
 def env_file(name):

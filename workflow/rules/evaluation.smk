@@ -21,6 +21,7 @@ rule evaluate_nll:
         "../envs/cpu.yaml"
     threads: 1
     params:
+        source=source_hash("ue5m3.evaluation.nll"),
         run_dir=subpath(input[0], parent=True),
         orders=replay_orders,
         samples=EVALUATION["bootstrap_samples"],
@@ -41,6 +42,7 @@ rule scale_snapshot:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.evaluation.snapshot"),
         run_dir=subpath(input[0], parent=True),
         out_dir=subpath(output.counts, parent=True),
     shell:
@@ -84,6 +86,7 @@ rule evaluate_downstream:
         "../envs/cpu.yaml"
     threads: 1
     params:
+        source=source_hash("ue5m3.evaluation.olmes"),
         run_dir=subpath(input[0], parent=True),
         tasks_dir=downstream_tasks_dir(),
         tasks=EVALUATION["downstream_tasks"],

@@ -19,6 +19,7 @@ rule identify_corpus:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.identify.probes"),
         settings=corpus_settings,
         witness=witness_args,
     shell:
@@ -38,6 +39,7 @@ rule identify_record:
         slurm_partition=fit_partition,
         gres=fit_gres,
     params:
+        source=source_hash("ue5m3.identify.oracles"),
         oracle=fit_oracle,
     shell:
         "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
@@ -56,6 +58,7 @@ rule identify_fit:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.identify.fit"),
         candidates=candidate_args,
         out_dir=subpath(output.summary, parent=True),
     shell:
@@ -70,6 +73,7 @@ rule identify_parity_config:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.training.config"),
         settings=parity_settings,
     shell:
         "ue5m3 train-config --config {params.settings:q} --out {output} > {log} 2>&1"
@@ -88,6 +92,7 @@ rule identify_parity:
         slurm_partition=parity_partition,
         gres=parity_gres,
     params:
+        source=source_hash("ue5m3.identify.parity"),
         a=parity_value("backend_a"),
         b=parity_value("backend_b"),
         steps=parity_value("steps"),
@@ -106,6 +111,7 @@ rule grid_control:
         "../envs/cpu.yaml"
     threads: 1
     params:
+        source=source_hash("ue5m3.identify.grid_control"),
         config=stage_config("identification/grid_control"),
         out_dir=subpath(output.summary, parent=True),
     shell:

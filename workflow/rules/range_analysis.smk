@@ -13,6 +13,7 @@ rule range_analysis:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.experiments.range_analysis"),
         config=stage_config("range_analysis"),
         out_dir=subpath(output.formats, parent=True),
     shell:

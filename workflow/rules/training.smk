@@ -16,6 +16,7 @@ rule prepare_data:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.data.build"),
         config=stage_config("data"),
     shell:
         "ue5m3 prepare-data --config {params.config:q} --out {output} > {log} 2>&1"
@@ -29,6 +30,7 @@ rule train_config:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.training.config"),
         settings=run_settings,
     shell:
         "ue5m3 train-config --config {params.settings:q} --out {output} > {log} 2>&1"
@@ -46,9 +48,10 @@ rule train_run:
         "../envs/cpu.yaml"
     threads: 1
     params:
+        source=source_hash("ue5m3.training.loop"),
         launcher=config["launcher"],
     shell:
-        "{params.launcher} train --config {input.config} --threads {threads} > {log} 2>&1"
+        "{params.launcher} train --config {input.config} --threads {threads} --restart-on-change > {log} 2>&1"
 
 
 rule training_summary:
@@ -63,6 +66,7 @@ rule training_summary:
     conda:
         "../envs/cpu.yaml"
     params:
+        source=source_hash("ue5m3.experiments.training_summary"),
         runs=summary_runs,
         window=TRAINING["final_window"],
         smoothing=TRAINING["smoothing_steps"],

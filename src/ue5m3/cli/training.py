@@ -45,7 +45,7 @@ def _train_config(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from ue5m3.training import loop as train
 
-    return train.main(args.config, threads=args.threads)
+    return train.main(args.config, threads=args.threads, restart_on_change=args.restart_on_change)
 
 
 def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
@@ -77,4 +77,11 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     )
     p.add_argument("--config", required=True, help="the run's config YAML (see `ue5m3 train-config`)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--restart-on-change",
+        action="store_true",
+        help="if the run directory holds another run's checkpoints (its settings changed), move it aside to "
+        "<run_dir>.superseded-<fingerprint> and start afresh (the pipeline's choice); without it such a run is "
+        "refused, naming what differs",
+    )
     verbs["train"] = _train

@@ -20,11 +20,15 @@ tokens/s, block-scale diagnostics) and the run ends with ``final.json`` (provena
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import random
+import signal
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from ue5m3 import config as config_loader
 from ue5m3 import models
 from ue5m3.artifacts import atomic_path, provenance, write_json
 from ue5m3.layers import native_te, recipes
@@ -52,7 +57,18 @@ from ue5m3.numerics.philox import SRState
 from ue5m3.training import checkpoint
 from ue5m3.training.config import RESOLVED_CONFIG, OptimConfig, TrainConfig
 
-__all__ = ["lr_at", "param_groups", "build_model", "train", "main"]
+__all__ = [
+    "lr_at",
+    "param_groups",
+    "build_model",
+    "train",
+    "main",
+    "run_identity",
+    "identity_differences",
+    "RunIdentityError",
+    "NonFiniteError",
+    "Stopped",
+]
 
 
 # ----- schedule and optimizer ---------------------------------------------------------------------------
@@ -205,15 +221,135 @@ def train_step(
     total = float(total)
     stats = find_quant_stats(model)
     if stats is not None:  # the step's one read of the quantizers' deferred finiteness checks, before AdamW
-        stats.checks.raise_if_any()
+        try:
+            stats.checks.raise_if_any()
+        except ValueError as err:
+            raise NonFiniteError(f"step {step}: {err}; stopped before the optimizer step") from None
     if _world()[1] > 1:
         mean = torch.tensor(total, dtype=torch.float64)
         dist.all_reduce(mean)
         total = float(mean) / _world()[1]
     grad_norm = _grad_norm(model, cfg.optim.grad_clip)
+    if not (np.isfinite(total) and np.isfinite(grad_norm)):  # any recipe, BF16 included: nothing bad is stepped
+        raise NonFiniteError(
+            f"step {step}: the loss ({total!r}) or the gradient norm ({grad_norm!r}) is not finite; stopped before "
+            "the optimizer step, so no checkpoint holds it (the newest checkpoint is the last good state)"
+        )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"step": step, "loss": total, "grad_norm": grad_norm, "lr": lr}
+
+
+# ----- run identity -------------------------------------------------------------------------------------
+
+
+class RunIdentityError(ValueError):
+    """A checkpoint belongs to another run (recipe, model, seed, data, settings that shape the trajectory)."""
+
+
+class NonFiniteError(FloatingPointError, ValueError):
+    """A step's loss, gradient norm or a quantized operand is not finite (raised before the optimizer step)."""
+
+
+def _file_sha256(path: Path) -> str | None:
+    return checkpoint.file_sha256(path) if path.is_file() else None
+
+
+def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[str, Any]:
+    """What determines a run's trajectory, world-size independent: the resolved model and recipe, seed, schedule,
+    global batch, optimizer, selection, data settings and the prepared data's identity. Not in it: where and how
+    often the run logs or checkpoints, the backend (the same bits on every backend) and the world size itself."""
+    data: dict[str, Any] = {}
+    if cfg.data:
+        from ue5m3 import data as data_pkg
+
+        data_cfg = data_pkg.DataConfig.from_dict(dict(cfg.data))
+        paths = data_pkg.data_paths(data_cfg)
+        data = {
+            "config": config_loader.dump(data_cfg),
+            "corpus_manifest_sha256": _file_sha256(paths.corpus / "manifest.json"),
+            "tokenizer_sha256": _file_sha256(paths.tokenizer),
+        }
+        data["config"].pop("data_dir", None)  # where it lies is not what it is
+    return config_loader.dump(
+        {
+            "model": cfg.model,
+            "model_config": dataclasses.asdict(models.config(cfg.model, **cfg.model_overrides)),
+            "recipe": recipe.to_dict(),
+            "seed": cfg.seed,
+            "steps": cfg.steps,
+            "global_micro_batch": cfg.micro_batch * world,
+            "accumulation": cfg.accumulation,
+            "optim": cfg.optim,
+            "fp4_select": cfg.fp4_select,
+            "cold_scale_resume": cfg.cold_scale_resume,
+            "execution": cfg.execution,
+            "data": data,
+        }
+    )
+
+
+def fingerprint(identity: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def identity_differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:
+    """'key: checkpoint X, config Y' for every setting that differs (the whole identity when none was recorded)."""
+    if recorded is None:
+        return ["<identity>: the checkpoint records none (written before run identities, or not by this trainer)"]
+    old, new = _flatten(recorded), _flatten(current)
+    return [
+        f"{key}: checkpoint {old.get(key, '<absent>')!r}, config {new.get(key, '<absent>')!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key, "<absent>") != new.get(key, "<absent>")
+    ]
+
+
+def _check_identity(path: Path, manifest: Mapping[str, Any], identity: Mapping[str, Any]) -> None:
+    recorded = manifest.get("meta", {}).get("identity")
+    if recorded is not None and manifest["meta"].get("fingerprint") == fingerprint(identity):
+        return
+    differences = identity_differences(recorded, identity)
+    if differences:
+        listed = "\n  ".join(differences)
+        raise RunIdentityError(
+            f"checkpoint {path} belongs to another run; what differs:\n  {listed}\n"
+            "use a new run directory, or `ue5m3 train --restart-on-change` to set this one aside and start afresh"
+        )
+
+
+def _prepare_run_dir(run_dir: Path, identity: Mapping[str, Any], restart_on_change: bool) -> None:
+    """Rank 0, holding the run lock: remove killed saves' temporaries; if the newest valid checkpoint is another
+    run's, refuse (naming what differs) or, with ``restart_on_change``, move the whole directory aside."""
+    root = run_dir / "checkpoints"
+    for path in checkpoint.remove_temporaries(root):
+        log0(f"removed {path} (a checkpoint save that was interrupted)")
+    found = checkpoint.newest_valid(root)
+    if found is None:
+        return
+    try:
+        _check_identity(*found, identity)
+    except RunIdentityError as err:
+        if not restart_on_change:
+            raise
+        old = found[1].get("meta", {}).get("fingerprint") or "unidentified"
+        aside = run_dir.with_name(f"{run_dir.name}.superseded-{old[:12]}")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = run_dir.with_name(f"{run_dir.name}.superseded-{old[:12]}-{n}")
+        os.replace(run_dir, aside)  # the lock file moves with it; this process still holds the lock on it
+        run_dir.mkdir(parents=True)
+        warnings.warn(f"{err}\nthe settings changed: moved the old run to {aside}; starting afresh", stacklevel=2)
 
 
 # ----- checkpoints --------------------------------------------------------------------------------------
@@ -252,7 +388,9 @@ def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, stream: BatchStream, counters: dict) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, model, optimizer, stream: BatchStream, counters: dict, identity: Mapping[str, Any]
+) -> Path:
     """Every rank takes part (full state dicts are gathered); rank 0 writes."""
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     rank, world = _world()
@@ -277,18 +415,23 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, stream: BatchStr
             run_dir / "checkpoints",
             step,
             {"model": model_sd, "optimizer": optim_sd, "trainer": trainer},
-            meta={"world_size": world},
+            meta={"world_size": world, "identity": dict(identity), "fingerprint": fingerprint(identity)},
         )
     if world > 1:
         dist.barrier()
     return path
 
 
-def resume(run_dir: Path, model, optimizer, stream: BatchStream, cfg: TrainConfig) -> tuple[int, dict]:
-    """Restore the newest checkpoint (verified; a corrupted one is refused). Returns (step, counters)."""
-    latest = checkpoint.latest(run_dir / "checkpoints")
-    if latest is None:
+def resume(
+    run_dir: Path, model, optimizer, stream: BatchStream, cfg: TrainConfig, identity: Mapping[str, Any]
+) -> tuple[int, dict]:
+    """Restore the newest checkpoint that verifies and is this run's (older ones are tried when the newest does
+    not verify; another run's is refused, naming what differs). Returns (step, counters)."""
+    found = checkpoint.newest_valid(run_dir / "checkpoints")
+    if found is None:
         return 0, {"loss_above_3": 0, "grad_norm_above_1": 0}
+    latest, manifest = found
+    _check_identity(latest, manifest, identity)
     parts, manifest = checkpoint.load(latest)
     rank, world = _world()
     if manifest["meta"]["world_size"] != world:
@@ -320,15 +463,36 @@ def resume(run_dir: Path, model, optimizer, stream: BatchStream, cfg: TrainConfi
 
 
 def _append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
-    with open(path, "a") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
+    """One whole line per record in one O_APPEND write, flushed to disk: a kill leaves at most a torn last line."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after ``step`` (written after the checkpoint a resume starts from)."""
+    """Drop records after ``step`` (written after the checkpoint a resume starts from). A torn last line (a kill
+    mid-write) is dropped with a warning naming the file; a malformed line elsewhere is an error naming its line."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            record_step = record["step"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            if all(not rest.strip() for rest in lines[number:]):
+                warnings.warn(f"{path}: line {number} is torn (an interrupted write); dropped it", stacklevel=2)
+                break
+            raise ValueError(f"{path}: line {number} is not a metrics record ({err}): {line[:80]!r}") from None
+        if record_step <= step:
+            kept.append(line)
     with atomic_path(path) as tmp:
         tmp.write_text("".join(line + "\n" for line in kept))
 
@@ -337,14 +501,81 @@ def _steps(start: int, stop: int, rank: int) -> Iterator[int]:
     yield from tqdm(range(start + 1, stop + 1), initial=start, total=stop, disable=rank != 0, desc="train", unit="step")
 
 
-def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: int | None = None) -> Path | None:
-    """Run (or resume) training; returns the final record's path, or None when stopped early by ``stop_after``."""
+class Stopped(SystemExit):
+    """The run was asked to stop (SIGTERM: a preemption or ``scancel``; SIGUSR1: SLURM's ``--signal`` before the time
+    limit) and wrote a checkpoint first; the same command resumes it. Exit status 128 + the signal number."""
+
+
+class _StopRequests:
+    """SIGTERM and SIGUSR1 set a flag that the loop reads between steps (a handler never runs a collective)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequests:
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def requested(self, device: torch.device) -> int | None:
+        """The signal any rank received (all ranks agree, so they checkpoint and stop at the same step)."""
+        if _world()[1] == 1:
+            return self.signum
+        flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag) or None
+
+
+def train(
+    cfg: TrainConfig,
+    stream: BatchStream | None = None,
+    *,
+    stop_after: int | None = None,
+    restart_on_change: bool = False,
+) -> Path | None:
+    """Run (or resume) training; returns the final record's path, or None when stopped early by ``stop_after``.
+
+    Rank 0 holds the run directory's lock for the whole run. A checkpoint of another run (different identity) is
+    refused, or with ``restart_on_change`` the old directory is moved aside. SIGTERM/SIGUSR1 write a checkpoint at
+    the end of the current step and raise :class:`Stopped`.
+    """
+    rank, world = _world()
+    run_dir = Path(cfg.run_dir)
+    recipe = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
+    identity = run_identity(cfg, recipe, world)
+    with contextlib.ExitStack() as stack:
+        if rank == 0:
+            stack.enter_context(checkpoint.RunLock(run_dir))
+            _prepare_run_dir(run_dir, identity, restart_on_change)
+        if world > 1:
+            dist.barrier()
+        stops = stack.enter_context(_StopRequests())
+        return _train_locked(cfg, recipe, identity, stream, stop_after, stops)
+
+
+def _train_locked(
+    cfg: TrainConfig,
+    recipe: recipes.Recipe,
+    identity: Mapping[str, Any],
+    stream: BatchStream | None,
+    stop_after: int | None,
+    stops: _StopRequests,
+) -> Path | None:
     rank, world = _world()
     run_dir = Path(cfg.run_dir)
     torch.manual_seed(cfg.seed + rank)  # any torch randomness per rank; SR bits and init weights come from cfg.seed
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
-    recipe = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     model, records = build_model(cfg, recipe, device)
     optimizer = torch.optim.AdamW(
@@ -356,7 +587,7 @@ def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: in
     )
     if stream is None:
         stream = open_training_stream(cfg, rank, world)
-    start, counters = resume(run_dir, model, optimizer, stream, cfg)
+    start, counters = resume(run_dir, model, optimizer, stream, cfg, identity)
     metrics = run_dir / "metrics.jsonl"
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -366,6 +597,13 @@ def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: in
     stats = find_quant_stats(model)
     tokens_per_step = cfg.micro_batch * cfg.accumulation * world * int(stream.sequence_length)
     last = start
+
+    def save(step: int) -> None:
+        save_checkpoint(run_dir, step, model, optimizer, stream, counters, identity)
+        if rank == 0:
+            protect = tuple(range(cfg.keep_every, cfg.steps + 1, cfg.keep_every)) if cfg.keep_every else ()
+            checkpoint.prune(run_dir / "checkpoints", cfg.keep_checkpoints, protect=protect)
+
     for step in _steps(start, cfg.steps, rank):
         began = time.perf_counter()
         record = train_step(step, model, optimizer, stream, cfg, recipe)
@@ -376,12 +614,16 @@ def train(cfg: TrainConfig, stream: BatchStream | None = None, *, stop_after: in
             record.update(stats.pop())
         if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
             _append_jsonl(metrics, record)
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            save_checkpoint(run_dir, step, model, optimizer, stream, counters)
-            if rank == 0:
-                protect = tuple(range(cfg.keep_every, cfg.steps + 1, cfg.keep_every)) if cfg.keep_every else ()
-                checkpoint.prune(run_dir / "checkpoints", cfg.keep_checkpoints, protect=protect)
+        saved = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        if saved:
+            save(step)
         last = step
+        signum = stops.requested(device)
+        if signum is not None and step < cfg.steps:
+            if not saved:
+                save(step)
+            log0(f"stopped by {signal.Signals(signum).name} after step {step} (checkpoint written); rerun to resume")
+            raise Stopped(128 + signum)
         if stop_after is not None and step >= stop_after:
             return None
     return _finish(run_dir, cfg, recipe, counters, last) if rank == 0 else None
@@ -402,8 +644,7 @@ def open_training_stream(cfg: TrainConfig, rank: int, world: int) -> BatchStream
 
 
 def _finish(run_dir: Path, cfg: TrainConfig, recipe: recipes.Recipe, counters: dict, step: int) -> Path:
-    final_ckpt = checkpoint.latest(run_dir / "checkpoints")
-    manifest = checkpoint.verify(final_ckpt)
+    final_ckpt, manifest = checkpoint.newest_valid(run_dir / "checkpoints")
     record = provenance(
         "train",
         cfg.to_dict(),
@@ -419,7 +660,7 @@ def _finish(run_dir: Path, cfg: TrainConfig, recipe: recipes.Recipe, counters: d
     return run_dir / "final.json"
 
 
-def main(config_path: str, threads: int | None = None) -> int:
+def main(config_path: str, threads: int | None = None, *, restart_on_change: bool = False) -> int:
     """Entry point of ``ue5m3 train``: initialises torch.distributed under torchrun (gloo on CPU)."""
     cfg = TrainConfig.from_yaml(config_path)
     if threads:
@@ -430,7 +671,7 @@ def main(config_path: str, threads: int | None = None) -> int:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
-        train(cfg)
+        train(cfg, restart_on_change=restart_on_change)
     finally:
         if distributed:
             dist.destroy_process_group()

@@ -1,0 +1,244 @@
+"""Run identity and fault tolerance of training (docs/reliability.md has the table of what is covered): foreign
+checkpoints refused naming what differs, settings changes started afresh with the old run kept aside, resume from
+the newest checkpoint that verifies, killed saves cleaned, one trainer per run directory, SIGTERM/SIGUSR1
+checkpoint-and-stop, torn metrics lines, non-finite steps stopped before they are stepped or saved."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from ue5m3.data import RandomTokenStream
+from ue5m3.training import checkpoint
+from ue5m3.training import loop as train
+from ue5m3.training.config import OptimConfig, TrainConfig
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _config(tmp_path, recipe="ue5m3_b16", steps=4, **kw) -> TrainConfig:
+    values = dict(
+        run_dir=str(tmp_path / "run"),
+        model="dense_debug",
+        recipe=recipe,
+        seed=3,
+        steps=steps,
+        micro_batch=2,
+        accumulation=1,
+        data={},
+        checkpoint_every=2,
+        keep_checkpoints=10,
+        optim=OptimConfig(lr=3e-3),
+    )
+    values.update(kw)
+    return TrainConfig(**values)
+
+
+def _stream():
+    return RandomTokenStream(4096, 64)
+
+
+def _model_state(run_dir: str | Path) -> dict:
+    parts, _ = checkpoint.load(checkpoint.latest(Path(run_dir) / "checkpoints"))
+    return parts["model"]
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ----- run identity -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"optim": OptimConfig(lr=1e-3)}, "optim.lr: checkpoint 0.003, config 0.001"),
+        ({"steps": 6}, "steps: checkpoint 2, config 6"),
+        ({"micro_batch": 4}, "global_micro_batch"),
+        ({"seed": 4}, "seed: checkpoint 3, config 4"),
+        ({"recipe": "nvfp4_te"}, "recipe.name"),
+        ({"recipe": "bf16"}, "recipe.gemm.model"),
+        ({"model_overrides": {"hidden_size": 64}}, "model_config.hidden_size: checkpoint 128, config 64"),
+        ({"cold_scale_resume": True}, "cold_scale_resume"),
+    ],
+)
+def test_a_checkpoint_of_another_run_is_refused_naming_what_differs(tmp_path, change, named):
+    cfg = _config(tmp_path, steps=2)
+    train.train(cfg, _stream())
+    with pytest.raises(train.RunIdentityError, match="belongs to another run") as err:
+        train.train(dataclasses.replace(cfg, **change), _stream())
+    assert named in str(err.value)
+
+
+def test_settings_that_do_not_shape_the_trajectory_resume(tmp_path):
+    cfg = _config(tmp_path)
+    train.train(cfg, _stream(), stop_after=2)
+    train.train(
+        dataclasses.replace(cfg, log_every=2, checkpoint_every=1, keep_checkpoints=3, backend="torch"), _stream()
+    )
+    reference = _config(tmp_path / "reference")
+    train.train(reference, _stream())
+    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+
+
+def test_restart_on_change_keeps_the_old_run_aside_and_trains_afresh(tmp_path):
+    cfg = _config(tmp_path, steps=2)
+    train.train(cfg, _stream())
+    old_state = _model_state(cfg.run_dir)
+    changed = dataclasses.replace(cfg, optim=OptimConfig(lr=1e-3))
+    with pytest.warns(UserWarning, match="moved the old run to"):
+        final = train.train(changed, _stream(), restart_on_change=True)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.superseded-")]
+    assert len(aside) == 1 and _same(_model_state(aside[0]), old_state)  # nothing lost
+    record = json.loads(final.read_text())
+    assert record["config"]["optim"]["lr"] == 1e-3 and record["step"] == 2
+    fresh = _config(tmp_path / "fresh", steps=2, optim=OptimConfig(lr=1e-3))
+    train.train(fresh, _stream())
+    assert _same(_model_state(cfg.run_dir), _model_state(fresh.run_dir))  # trained from step 0, not resumed
+    metrics = [json.loads(line)["step"] for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [1, 2]
+
+
+def test_provenance_records_the_source_hash_and_the_manifest_the_identity(tmp_path):
+    cfg = _config(tmp_path, steps=2)
+    record = json.loads(train.train(cfg, _stream()).read_text())
+    assert len(record["source_sha256"]) == 64
+    manifest = checkpoint.verify(checkpoint.latest(Path(cfg.run_dir) / "checkpoints"))
+    assert manifest["meta"]["fingerprint"] == train.fingerprint(manifest["meta"]["identity"])
+    assert manifest["meta"]["identity"]["recipe"]["name"] == "ue5m3_b16"
+
+
+# ----- crash safety -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["zero_length_model", "empty_directory", "missing_manifest"])
+def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path, fault):
+    cfg = _config(tmp_path, steps=6)
+    train.train(cfg, _stream(), stop_after=4)
+    newest = checkpoint.latest(Path(cfg.run_dir) / "checkpoints")
+    if fault == "zero_length_model":
+        (newest / "model.pt").write_bytes(b"")
+    elif fault == "missing_manifest":
+        (newest / "manifest.json").unlink()
+    else:
+        for path in newest.iterdir():
+            path.unlink()
+    with pytest.warns(UserWarning, match=r"step-00000004.*kept aside as .*step-00000004.invalid.*step-00000002"):
+        train.train(cfg, _stream())
+    reference = _config(tmp_path / "reference", steps=6)
+    train.train(reference, _stream())
+    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+    assert (Path(cfg.run_dir) / "checkpoints" / "step-00000004.invalid").is_dir()  # the evidence is kept
+
+
+def test_no_verifying_checkpoint_is_an_error_naming_each_file(tmp_path):
+    cfg = _config(tmp_path, steps=2)
+    train.train(cfg, _stream())
+    for _, path in checkpoint.checkpoints(Path(cfg.run_dir) / "checkpoints"):
+        (path / "optimizer.pt").write_bytes(b"")
+    with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint .* verifies.*optimizer.pt is truncated"):
+        train.train(cfg, _stream())
+
+
+def test_only_step_directories_count_and_killed_saves_are_removed(tmp_path):
+    cfg = _config(tmp_path, steps=4)
+    train.train(cfg, _stream(), stop_after=2)
+    root = Path(cfg.run_dir) / "checkpoints"
+    (root / "step-final").mkdir()  # sorts after step-00000002 by name
+    (root / "step-00000002-copy").mkdir()
+    leftover = root / ".step-00000004.x1y2"  # what a SIGKILL inside a save leaves
+    leftover.mkdir()
+    (leftover / "model.pt").write_bytes(b"partial")
+    assert checkpoint.latest(root).name == "step-00000002"
+    train.train(cfg, _stream())
+    assert not leftover.exists() and (root / "step-final").is_dir()
+    assert [step for step, _ in checkpoint.checkpoints(root)] == [2, 4]
+
+
+def test_a_second_trainer_on_the_same_run_directory_is_refused(tmp_path):
+    cfg = _config(tmp_path, steps=2)
+    with checkpoint.RunLock(cfg.run_dir), pytest.raises(checkpoint.RunLockedError, match=f"pid {os.getpid()}"):
+        train.train(cfg, _stream())
+    assert not (Path(cfg.run_dir) / "metrics.jsonl").exists()  # nothing written by the refused trainer
+    train.train(cfg, _stream())  # the lock is gone with its holder
+
+
+class _SignallingStream(RandomTokenStream):
+    """Sends ``signum`` to this process while drawing batch ``at`` (mid-step, as a preemption arrives)."""
+
+    def __init__(self, signum: int, at: int) -> None:
+        super().__init__(4096, 64)
+        self.signum, self.at, self.drawn = signum, at, 0
+
+    def next_batch(self, batch_size):
+        self.drawn += 1
+        if self.drawn == self.at:
+            os.kill(os.getpid(), self.signum)
+        return super().next_batch(batch_size)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_sigterm_and_sigusr1_checkpoint_the_step_and_stop_then_the_same_command_resumes(tmp_path, signum):
+    cfg = _config(tmp_path, steps=6, checkpoint_every=4)
+    previous = signal.getsignal(signum)
+    with pytest.raises(train.Stopped) as stopped:
+        train.train(cfg, _SignallingStream(signum, at=3))  # during step 3: not a checkpoint step
+    assert stopped.value.code == 128 + signum
+    root = Path(cfg.run_dir) / "checkpoints"
+    assert [step for step, _ in checkpoint.checkpoints(root)] == [3]
+    assert signal.getsignal(signum) is previous  # the trainer's handlers are gone with it
+    train.train(cfg, _stream())
+    reference = _config(tmp_path / "reference", steps=6, checkpoint_every=4)
+    train.train(reference, _stream())
+    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path):
+    cfg = _config(tmp_path, steps=4)
+    train.train(cfg, _stream(), stop_after=2)
+    metrics = Path(cfg.run_dir) / "metrics.jsonl"
+    with open(metrics, "a") as handle:
+        handle.write('{"step": 3, "loss": 8.1')  # a kill during the write of step 3's record
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: line 3 is torn"):
+        train.train(cfg, _stream())
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_a_malformed_metrics_line_before_the_end_is_an_error_naming_the_line(tmp_path):
+    cfg = _config(tmp_path, steps=4)
+    train.train(cfg, _stream(), stop_after=2)
+    metrics = Path(cfg.run_dir) / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "garbage", lines[1]]) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a metrics record"):
+        train.train(cfg, _stream())
+
+
+# ----- numerical guards ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "ue5m3_b16"])
+def test_a_non_finite_loss_stops_any_run_before_it_is_stepped_or_checkpointed(tmp_path, recipe, monkeypatch):
+    cfg = _config(tmp_path, recipe=recipe, steps=6)
+    original = train.loss_fn
+    calls = {"n": 0}
+
+    def poisoned(model, inputs, targets):
+        calls["n"] += 1
+        loss = original(model, inputs, targets)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    monkeypatch.setattr(train, "loss_fn", poisoned)
+    with pytest.raises(train.NonFiniteError, match="step 3: "):
+        train.train(cfg, _stream())
+    root = Path(cfg.run_dir) / "checkpoints"
+    assert [step for step, _ in checkpoint.checkpoints(root)] == [2]
+    assert all(torch.isfinite(t).all() for t in _model_state(cfg.run_dir).values())
+    assert not (Path(cfg.run_dir) / "final.json").exists()
