@@ -1,5 +1,6 @@
 # Two commands:
-#   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2)
+#   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2);
+#                    after an interruption the same command resumes (workflow/reproduce.sh)
 #   make test        build .venv if needed, then run the test suite (pytest -q)
 # The environment is installed with pip from constraints.txt (pinned versions) and reinstalled whenever
 # pyproject.toml or constraints.txt change.
@@ -14,7 +15,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 .PHONY: reproduce test
 
 reproduce: $(STAMP)
-	snakemake --cores 2
+	workflow/reproduce.sh --cores 2
 
 test: $(STAMP)
 	pytest -q

@@ -5,8 +5,9 @@ Usage: python benchmarks/saved_memory.py [--tokens 8192] [--json out.json]
 Counted, not timed: the forward runs on torch's ``meta`` device (no memory is allocated, shapes and dtypes are
 real) under ``saved_tensors_hooks``, which see every tensor autograd keeps for the backward. Parameters are not
 counted (they are held anyway). The baseline is ``nn.Linear`` with BF16 parameters (it keeps X in BF16); the FP4
-linear keeps the packed wgrad copy of X (before this change it kept an FP32 copy of X: 2x the baseline). The weight cache column is what a layer keeps resident for a step when its
-microbatches reuse the weight quantizations (the forward's packed W^T; the dgrad's W adds as much again).
+linear keeps the packed wgrad copy of X (before, it kept an FP32 copy of X: 2x the baseline). The last column is
+what a layer keeps resident for a step when its microbatches reuse the weight quantizations (the forward's packed
+W^T; the dgrad's W adds as much again).
 """
 
 from __future__ import annotations

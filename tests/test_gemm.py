@@ -317,3 +317,12 @@ def test_output_head_stays_fp32_under_an_enclosing_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         inside = head(x)
     assert inside.dtype == torch.float32 and torch.equal(inside, head(x))
+
+
+@pytest.mark.parametrize("model", ["decoded", "encoded_fp32", "probe_matched", "mma_sim"])
+@pytest.mark.parametrize(("m", "n"), [(0, 16), (4, 0)])
+def test_an_empty_gemm_returns_fp32_zeros_of_its_shape(model, m, n):
+    a = quantize(torch.zeros(m, 64), "nvfp4")
+    b = quantize(torch.randn(64, n), "nvfp4", axis=0)
+    out = gemm.matmul(a, b, model)
+    assert out.shape == (m, n) and out.dtype == torch.float32

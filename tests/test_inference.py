@@ -34,6 +34,7 @@ def make_run(root: Path, recipe: str = "ue5m3_b16") -> tuple[Path, DataConfig]:
     cfg = TrainConfig(
         run_dir=str(root / "run"),
         model="dense_debug",
+        model_overrides={"vocab_size": 300},  # the trained BPE's size
         recipe=recipe,
         seed=5,
         steps=2,
@@ -97,7 +98,7 @@ def test_forward_unit_advances_the_counter_once_and_every_module_is_in_inference
     ids = torch.randint(0, 300, (1, 64), generator=torch.Generator().manual_seed(0))
     for _ in range(3):
         logits = loaded.forward_unit(ids)
-    assert logits.shape == (1, 64, 4096) and logits.dtype == torch.float32
+    assert logits.shape == (1, 64, 300) and logits.dtype == torch.float32
     assert loaded.scales.unit == 3 and loaded.units == 3
     # frozen weights: each is quantized once and reused by every later unit
     assert all((m.weight_cache.misses, m.weight_cache.hits) == (1, 2) for m in quant)

@@ -10,7 +10,8 @@ Floors, bottom to top (a unit may import only units on lower floors, and itself)
 4. ``training``;
 5. ``evaluation``;
 6. ``identify``, ``experiments``, ``plotting`` (mutually independent);
-7. ``cli``, then ``__main__``.
+7. ``workflow_config``: the pipeline config checked as a whole (every stage's loader);
+8. ``cli``, then ``__main__``.
 
 Inside ``numerics`` the modules have their own order (``NUMERICS_ORDER``), and nothing outside ``training``
 imports the training loop except the CLI's training verbs and identification's parity harness (which trains).
@@ -33,6 +34,7 @@ FLOORS: list[set[str]] = [
     {"training"},
     {"evaluation"},
     {"identify", "experiments", "plotting"},
+    {"workflow_config"},
     {"cli"},
     {"__main__"},
 ]

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jupytext
@@ -246,3 +248,32 @@ def test_training_and_evaluation_stages_run_end_to_end_on_a_tiny_config(tmp_path
     downstream = tmp_path / "results" / "eval" / "downstream" / "ue5m3_b16" / "seed1" / "step4" / "cold_d50_replay.json"
     assert json.loads(downstream.read_text())["aggregates"]["mmlu"]["best"] is not None
     assert "ue5m3_b16" in (tmp_path / "figures" / "downstream_vs_paper.csv").read_text()
+
+
+def test_an_interrupted_reproduce_resumes_with_the_same_command(tmp_path):
+    """SIGKILL the whole run while a job runs (a stale Snakemake lock and an incomplete output stay behind); the
+    same command then finishes, rerunning what was incomplete."""
+    reason = _range_analysis_cli_missing()
+    if reason:
+        pytest.skip(reason)
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    targets = ["figures/range_codebooks.pdf", "figures/range_headroom.pdf", "figures/range_worked_example.pdf"]
+    command = [str(ROOT / "workflow" / "reproduce.sh"), "--cores", "1", "--snakefile", str(ROOT / "Snakefile")]
+    command += ["--directory", str(tmp_path), *targets]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    locks, deadline = tmp_path / ".snakemake" / "locks", time.monotonic() + 300
+    while not (tmp_path / "logs" / "range_analysis" / "range_analysis.log").exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "the first job never started"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert locks.is_dir() and any(locks.iterdir()), "a killed run leaves its lock"
+    blocked = _run("snakemake", *command[1:], cwd=ROOT, timeout=300)
+    assert blocked.returncode != 0 and "lock" in (blocked.stdout + blocked.stderr).lower()
+    resumed = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "stale Snakemake lock" in resumed.stderr
+    for target in targets:
+        assert (tmp_path / target).stat().st_size > 0

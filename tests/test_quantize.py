@@ -44,6 +44,13 @@ FP32_MAX = F32(np.finfo(np.float32).max)
 U = 61440.0  # UE5M3 max finite
 NAMED = ("ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4")
 TENSOR_SCALED = ("ue5m3_b16", "ue5m3_b32", "nvfp4")
+
+
+def _reference(scheme, value):
+    """A tensor reference for schemes that use one (the MX rules refuse one: it would be ignored)."""
+    return value if get_scheme(scheme).uses_tensor_amax else None
+
+
 E2M1_VALUES = {float(v) for v in spec_magnitudes("e2m1")} | {-float(v) for v in spec_magnitudes("e2m1")}
 
 BACKENDS = [
@@ -339,7 +346,7 @@ def test_dequantization_is_finite_near_fp32_max_with_current_or_stale_references
     x[0, 0], x[1, 5], x[0, 7] = value, -value * 0.5, 1.0
     reference = None if stale is None else value * stale
     for backend in ("torch", "cpu_kernel") if cpu_kernel.available() else ("torch",):
-        q = quantize(x, scheme, tensor_amax=reference, backend=backend)
+        q = quantize(x, scheme, tensor_amax=_reference(scheme, reference), backend=backend)
         assert torch.isfinite(q.dequantize()).all()
         if scheme.startswith("ue5m3"):  # 137x headroom: the value survives (E4M3 and UE8M0 saturate lower)
             assert float(q.dequantize()[0, 0]) == pytest.approx(value, rel=0.13)
@@ -984,7 +991,7 @@ def blocks_of(draw, scheme: str, lo_exp: int = -20, hi_exp: int = 20) -> np.ndar
 def test_dequantized_magnitudes_are_bounded_by_six_times_the_block_scale(scheme, data):
     x = torch.from_numpy(data.draw(blocks_of(scheme)))
     g = data.draw(st.sampled_from([None, 1e-3, 1.0, 1e4]))
-    q = quantize(x, scheme, tensor_amax=g, backend="torch")
+    q = quantize(x, scheme, tensor_amax=_reference(scheme, g), backend="torch")
     b = get_scheme(scheme).block_size
     deq = q.dequantize().reshape(2, 4, b).abs()
     if scheme == "nvfp4":  # TE's dequantization: payload * ((s * amax) * (1/2688)), monotone in the payload
@@ -1019,8 +1026,8 @@ def test_blocks_are_independent_when_the_tensor_amax_is_fixed(scheme, data):
     y = x.copy()
     y[row, blk * b : (blk + 1) * b] = data.draw(blocks_of(scheme)).ravel()[:b]
     g = 2.0**20
-    qx = quantize(torch.from_numpy(x), scheme, tensor_amax=g, backend="torch")
-    qy = quantize(torch.from_numpy(y), scheme, tensor_amax=g, backend="torch")
+    qx = quantize(torch.from_numpy(x), scheme, tensor_amax=_reference(scheme, g), backend="torch")
+    qy = quantize(torch.from_numpy(y), scheme, tensor_amax=_reference(scheme, g), backend="torch")
     keep = np.ones((2, 4), bool)
     keep[row, blk] = False
     keep_elems = np.repeat(keep, b, axis=1)
@@ -1038,9 +1045,43 @@ def test_quantization_commutes_with_power_of_two_scaling_of_x_and_reference(sche
     if g == 0:
         g = 1.0
     xs = np.ldexp(x, k).astype(F32)
-    q = quantize(torch.from_numpy(x), scheme, tensor_amax=g, backend="torch")
-    qs = quantize(torch.from_numpy(xs), scheme, tensor_amax=math.ldexp(g, k), backend="torch")
+    q = quantize(torch.from_numpy(x), scheme, tensor_amax=_reference(scheme, g), backend="torch")
+    qs = quantize(torch.from_numpy(xs), scheme, tensor_amax=_reference(scheme, math.ldexp(g, k)), backend="torch")
     assert_bits_equal(qs.payload, q.payload, "payload")
     assert_bits_equal(qs.dequantize(), np.ldexp(np_of(q.dequantize()), k).astype(F32), "dequantized")
     assert int(qs.zero_rounded_blocks) == int(q.zero_rounded_blocks)
     assert int(qs.saturated_blocks) == int(q.saturated_blocks)
+
+
+# ----- edges: empty tensors, underflowing blocks, references a scheme cannot use ------------------------
+
+
+@pytest.mark.parametrize("scheme", NAMED)
+@pytest.mark.parametrize(("shape", "two_d", "axis"), [((0, 32), False, -1), ((4, 0), False, -1), ((0,), False, 0),
+                                                      ((0, 16), True, -1), ((32, 0), False, 0)])  # fmt: skip
+def test_empty_tensors_quantize_and_dequantize_to_empty_tensors(scheme, shape, two_d, axis):
+    q = quantize(torch.empty(shape), scheme, two_d=two_d, axis=axis)
+    assert q.dequantize().shape == shape and q.payload.shape == shape
+    assert int(q.zero_rounded_blocks) == int(q.underflowed_blocks) == 0
+    assert q.pack().unpack().dequantize().shape == shape
+
+
+def test_blocks_that_underflow_the_scale_range_are_counted():
+    """NVFP4 of a tensor at 1e-40 (FP32 subnormals): the scales are nonzero but every element rounds to zero. The
+    same block beside larger values gets a zero scale instead: counted as zero-rounded, never twice."""
+    tiny = torch.full((4, 32), 1e-40)
+    q = quantize(tiny, "nvfp4")
+    assert (int(q.underflowed_blocks), int(q.zero_rounded_blocks)) == (8, 0)
+    assert torch.all(q.dequantize() == 0)
+    mixed = torch.randn(4, 32)
+    mixed[1, :16] = 1e-40
+    q = quantize(mixed, "nvfp4")
+    assert (int(q.underflowed_blocks), int(q.zero_rounded_blocks)) == (0, 1)
+    assert int(quantize(torch.randn(4, 32), "nvfp4").underflowed_blocks) == 0
+    mixed[1, :16] = 0.0  # an all-zero block loses nothing
+    assert int(quantize(mixed, "nvfp4").underflowed_blocks) == 0
+
+
+def test_a_tensor_reference_for_a_scheme_without_a_tensor_scale_is_refused():
+    with pytest.raises(ValueError, match=r"tensor 'w'.*'mxfp4'.*no tensor scale"):
+        quantize(torch.randn(4, 32), "mxfp4", tensor_amax=torch.tensor(3.0), name="w")

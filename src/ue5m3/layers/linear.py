@@ -140,8 +140,9 @@ class QuantStats:
     """Running totals of block-scale diagnostics over every operand a model quantized (reset by the reader), and the
     training hot path's deferred finiteness checks.
 
-    Counts blocks whose scale rounded to zero before repair and blocks whose ideal scale saturated the scale
-    format; kept as tensors on the operands' device, so reading them (:meth:`pop`) is the only synchronisation.
+    Counts blocks whose scale rounded to zero before repair, blocks whose ideal scale saturated the scale format
+    and nonzero blocks that quantized to all zeros (underflowed); kept as tensors on the operands' device, so
+    reading them (:meth:`pop`) is the only synchronisation.
     """
 
     def __init__(self) -> None:
@@ -151,12 +152,14 @@ class QuantStats:
     def reset(self) -> None:
         self.zero_rounded = torch.zeros((), dtype=torch.int64)
         self.saturated = torch.zeros((), dtype=torch.int64)
+        self.underflowed = torch.zeros((), dtype=torch.int64)
         self.blocks = 0
 
     def add(self, q: QuantizedTensor) -> QuantizedTensor:
         # a 0-dim CPU start meets device counts as a scalar: the totals move to the device, nothing syncs
         self.zero_rounded = self.zero_rounded + q.zero_rounded_blocks
         self.saturated = self.saturated + q.saturated_blocks
+        self.underflowed = self.underflowed + q.underflowed_blocks
         self.blocks += q.scale_values.numel()
         return q
 
@@ -166,6 +169,7 @@ class QuantStats:
         out = {
             "zero_rounded_blocks": int(self.zero_rounded),
             "saturated_blocks": int(self.saturated),
+            "underflowed_blocks": int(self.underflowed),
             "quantized_blocks": self.blocks,
         }
         self.reset()
@@ -242,6 +246,8 @@ class FP4Matmul(torch.autograd.Function):
         ops, name, scheme = policy.operands, policy.module, policy.scheme
         weights = weights if weights is not None else WeightCache(WeightCaching.OFF)
         step = state.weight_epoch if state is not None else None
+        if not scheme.uses_tensor_amax:  # MX scales read only their block: no references to take or hold
+            state = None
         # finiteness checks are deferred to one read per optimizer step (training) or work unit (evaluation)
         checks = stats.checks
         ref_x = state.reference(OperandRole.ACTIVATION, name, x, checks) if state is not None else None

@@ -420,6 +420,8 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
     if slice_width % block or k % slice_width:
         raise ValueError(f"K={k} must be a multiple of slice_width={slice_width}, itself a multiple of {block}")
     check_grid(final_grid, "final_grid")
+    if m == 0 or n == 0 or k == 0:  # an empty sum is +0.0 under every output model
+        return torch.zeros(m, n, dtype=torch.float32, device=a_q.payload_blocks.device)
     guard = math.ceil(math.log2(slice_width))
     row_budget = (53 - guard) // 2
     use_triton = False

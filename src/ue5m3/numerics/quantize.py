@@ -137,6 +137,11 @@ class BlockScheme:
     def with_target(self, target: float) -> BlockScheme:
         return dataclasses.replace(self, target=target)
 
+    @property
+    def uses_tensor_amax(self) -> bool:
+        """Whether the block scales depend on a tensor reference (the MX power-of-two rules read only the block)."""
+        return self.scale_rule in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2)
+
 
 SCHEMES: dict[str, BlockScheme] = {
     "ue5m3_b16": BlockScheme(name="ue5m3_b16", scale=UE5M3, block_size=16, target=448.0, zero_scale_repair=True),
@@ -228,7 +233,8 @@ class _BlockLayout:
             # (R/B, C/B, B*B) -> (R/B, C/B, B, B) -> (R/B, B, C/B, B) -> (R, C)
             return self._crop(t.reshape(rows // b, cols // b, b, b).permute(0, 2, 1, 3).reshape(rows, cols))
         # (..., n/B, B) -> (..., n) -> original axis order
-        return self._crop(t.reshape(*t.shape[:-2], -1).movedim(-1, self.axis))
+        # explicit sizes: -1 is ambiguous for an empty tensor
+        return self._crop(t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1]).movedim(-1, self.axis))
 
     def scales_from_blocks(self, t: torch.Tensor) -> torch.Tensor:
         """(..., n/B, 1) block values -> x's shape with the blocked axis (axes) divided by B, rounded up."""
@@ -288,6 +294,16 @@ class QuantizedTensor:
     @property
     def shape(self) -> torch.Size:
         return self.layout.shape
+
+    @property
+    def underflowed_blocks(self) -> torch.Tensor:
+        """0-dim int64: blocks with a nonzero input and a nonzero scale whose every element quantized to zero (their
+        values are lost: a block amax below what the scale and the FP32 reciprocal reach, about 1e-38 for NVFP4).
+        Disjoint from :attr:`zero_rounded_blocks` (a zero scale loses its block too); the two sum to the lost
+        blocks."""
+        scale = self.scale_values.squeeze(-1)
+        lost = (self.block_amax.squeeze(-1) > 0) & (scale > 0) & (self.payload_blocks == 0).all(-1)
+        return lost.sum()
 
     @property
     def payload(self) -> torch.Tensor:
@@ -360,6 +376,7 @@ class QuantizedTensor:
             "tensor_amax": float(self.tensor_amax),
             "zero_rounded_blocks": int(self.zero_rounded_blocks),
             "saturated_blocks": int(self.saturated_blocks),
+            "underflowed_blocks": int(self.underflowed_blocks),
             "blocks": int(self.scale_values.numel()),
         }
 
@@ -408,7 +425,7 @@ class PackedQuantized:
         element, scale = self.scheme.element, self.scheme.scale
         codes = self.payload_codes
         if element.bits <= 4:  # (..., block/2) -> (..., block/2, 2) -> (..., block)
-            codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(*codes.shape[:-1], -1)
+            codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
         payload = _code_table(element, codes.device)[codes.long()]
         scale_values = self.scale_codes
         if scale.bits <= 8:
@@ -649,6 +666,11 @@ def quantize(
     backend = Backend(backend)
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise TypeError(f"tensor {name!r} must be floating point, got {x.dtype}")
+    if tensor_amax is not None and not scheme.uses_tensor_amax:
+        raise ValueError(
+            f"tensor {name!r}: scheme {scheme.name!r} ({scheme.scale_rule.value}) has no tensor scale, so a "
+            "tensor_amax would be ignored; pass None"
+        )
     x = x.to(torch.float32)
     layout = _BlockLayout.of(x, scheme.block_size, axis, two_d, name)
     kernel = _fused_kernel(x, scheme, backend, name)

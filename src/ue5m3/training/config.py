@@ -171,7 +171,10 @@ class TrainConfig:
         if self.data:
             from ue5m3.data import DataConfig
 
-            data = DataConfig.from_dict(dict(self.data), source="data")
+            try:
+                data = DataConfig.from_dict(dict(self.data), source="data")
+            except config.ConfigError as exc:  # its key paths already start at data.
+                raise ValueError(str(exc).removeprefix("data: ")) from None
             if model_cfg.vocab_size != data.vocab_size:
                 raise ValueError(
                     f"model_overrides: model {self.model!r} has vocab_size {model_cfg.vocab_size} but data.vocab_size "
