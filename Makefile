@@ -2,6 +2,7 @@
 #   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2);
 #                    after an interruption the same command resumes (workflow/reproduce.sh)
 #   make test        build .venv if needed, then run the test suite (pytest -q)
+#   make test-cluster  the system tests: the pipeline on a real local SLURM cluster (root; installs slurm-wlm)
 # The environment is installed with pip from constraints.txt (pinned versions) and reinstalled whenever
 # pyproject.toml or constraints.txt change.
 
@@ -12,13 +13,16 @@ STAMP := $(VENV)/.installed
 # Rules, notebooks and tests call ue5m3, snakemake, papermill and jupyter from PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: reproduce test
+.PHONY: reproduce test test-cluster
 
 reproduce: $(STAMP)
 	workflow/reproduce.sh --cores 2
 
 test: $(STAMP)
 	pytest -q
+
+test-cluster: $(STAMP)
+	pytest -q system_tests
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

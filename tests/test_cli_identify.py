@@ -54,13 +54,13 @@ def test_parity_verb_reports_bitwise_equality(tmp_path):
     config = {
         "run_dir": str(tmp_path / "run"),
         "model": "dense_debug",
-        "model_overrides": {"hidden_size": 64, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256},
+        "model_overrides": {"hidden_size": 64, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512},
         "recipe": "ue5m3_b16",
         "seed": 3,
         "steps": 1,
         "micro_batch": 2,
         "accumulation": 1,
-        "data": {"sequence_length": 32},
+        "data": {"corpus": "sotu_cpython", "sequence_length": 32, "vocab_size": 512},
         "optim": {"lr": 0.003},
     }
     path = tmp_path / "run.yaml"

@@ -242,3 +242,70 @@ def test_a_non_finite_loss_stops_any_run_before_it_is_stepped_or_checkpointed(tm
     assert [step for step, _ in checkpoint.checkpoints(root)] == [2]
     assert all(torch.isfinite(t).all() for t in _model_state(cfg.run_dir).values())
     assert not (Path(cfg.run_dir) / "final.json").exists()
+
+
+# ----- kill and resume ----------------------------------------------------------------------------------
+
+_TRAIN_IN_A_SUBPROCESS = """
+import sys, torch
+from ue5m3.data import RandomTokenStream
+from ue5m3.training import loop
+from ue5m3.training.config import TrainConfig
+torch.set_num_threads(int(sys.argv[2]))
+loop.train(TrainConfig.from_yaml(sys.argv[1]), RandomTokenStream(4096, 64))
+"""
+
+
+def _write_config(cfg: TrainConfig, path: Path) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_trainer_killed_from_outside_resumes_to_the_uninterrupted_result(tmp_path, signum):
+    """A real process killed (SIGKILL: no handler runs; SIGTERM: the checkpoint-and-stop path) once its first
+    checkpoint exists, then resumed with another thread count: the same bits as a run never interrupted."""
+    import subprocess
+    import sys
+    import time
+
+    cfg = _config(tmp_path, steps=12, checkpoint_every=2)
+    config_path = _write_config(cfg, tmp_path / "config.yaml")
+    process = subprocess.Popen(
+        [sys.executable, "-c", _TRAIN_IN_A_SUBPROCESS, str(config_path), "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    first = Path(cfg.run_dir) / "checkpoints" / "step-00000002"
+    deadline = time.monotonic() + 240
+    while not first.exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within the time limit"
+        time.sleep(0.01)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=240)
+    # SIGKILL: killed where it stood; SIGTERM: a checkpoint of the step in progress, then exit 128 + 15
+    assert process.returncode == (-signum if signum == signal.SIGKILL else 128 + signum), stderr
+    assert not (Path(cfg.run_dir) / "final.json").exists()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train.train(cfg, _stream())
+    finally:
+        torch.set_num_threads(threads)
+    reference = _config(tmp_path / "reference", steps=12, checkpoint_every=2)
+    train.train(reference, _stream())
+    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+    lines = (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 13))
+
+
+def test_a_run_stopped_after_its_last_checkpoint_writes_only_the_final_record_on_resume(tmp_path):
+    cfg = _config(tmp_path, steps=4)
+    assert train.train(cfg, _stream(), stop_after=4) is None  # killed between the last checkpoint and final.json
+    assert not (Path(cfg.run_dir) / "final.json").exists()
+    state = _model_state(cfg.run_dir)
+    record = json.loads(train.train(cfg, _stream()).read_text())
+    assert record["step"] == 4 and _same(_model_state(cfg.run_dir), state)

@@ -25,7 +25,15 @@ from typing import Any
 
 from ue5m3 import config
 
-__all__ = ["check", "check_files", "run_settings", "parity_settings", "kept_checkpoints", "CONTROL_VARIANTS"]
+__all__ = [
+    "check",
+    "check_files",
+    "run_settings",
+    "parity_settings",
+    "kept_checkpoints",
+    "launcher",
+    "CONTROL_VARIANTS",
+]
 
 CONTROL_VARIANTS = ("t448", "override")
 
@@ -95,6 +103,26 @@ def kept_checkpoints(steps: int, checkpoint_every: int, keep_every: int, keep: i
     return set(written[-keep:]) | (protected & set(written))
 
 
+LAUNCHER_FIELDS = ("nodes", "tasks", "procs_per_node")
+
+
+def launcher(template: str, resources: Mapping[str, Any]) -> str:
+    """A training job's launch command from the config's ``launcher`` template and the job's resources.
+
+    ``{nodes}`` is the ``nodes`` resource (1 without one), ``{tasks}`` the ``tasks`` resource (one per node without
+    one) and ``{procs_per_node}`` the GPUs per node of a ``gres: gpu:N`` request, else the ``procs_per_node``
+    resource, else 1. Both come from what the job asked for,
+    so the command is the same inside SLURM (whose jobstep plugin strips ``SLURM_*`` variables) and outside it.
+    """
+    nodes = int(resources.get("nodes") or 1)
+    procs = resources.get("procs_per_node")
+    gres = str(resources.get("gres") or "")
+    if gres.startswith("gpu:"):
+        procs = int(gres.rsplit(":", 1)[-1])
+    tasks = int(resources.get("tasks") or nodes)
+    return template.format(nodes=nodes, tasks=tasks, procs_per_node=int(procs or 1))
+
+
 # ----- the check ----------------------------------------------------------------------------------------
 
 
@@ -121,6 +149,10 @@ def check(cfg: Mapping[str, Any], *, source: str = "<pipeline config>") -> None:
         ConfigError: listing every problem with its key path, naming ``source``.
     """
     problems = _Problems()
+    try:
+        launcher(cfg["launcher"], {})
+    except (KeyError, IndexError, ValueError) as exc:
+        problems.add("launcher", f"unknown placeholder {exc} in {cfg['launcher']!r}; accepted: {list(LAUNCHER_FIELDS)}")
     _check_stages(cfg, problems)
     trained = _check_training(cfg, problems)
     _check_evaluation(cfg, trained, problems)

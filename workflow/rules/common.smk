@@ -49,6 +49,13 @@ def source_hash(module):
     return artifacts.source_hash(module)
 
 
+def launcher_command(wildcards, resources):
+    """The config's `launcher` with its placeholders filled from the job's own resources (never from SLURM_*
+    variables, which the SLURM jobstep plugin strips inside jobs). Placeholders {nodes}, {tasks} and
+    {procs_per_node} are explained in ue5m3.workflow_config.launcher."""
+    return workflow_config.launcher(config["launcher"], dict(resources.items()))
+
+
 def env_file(name):
     """A conda environment file of workflow/envs/ (absolute: rules choose it by a function of their wildcards)."""
     return str(Path(workflow.basedir) / "workflow" / "envs" / f"{name}.yaml")

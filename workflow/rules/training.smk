@@ -49,7 +49,7 @@ rule train_run:
     threads: 1
     params:
         source=source_hash("ue5m3.training.loop"),
-        launcher=config["launcher"],
+        launcher=launcher_command,
     shell:
         "{params.launcher} train --config {input.config} --threads {threads} --restart-on-change > {log} 2>&1"
 

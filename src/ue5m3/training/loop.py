@@ -218,6 +218,9 @@ def train_step(
         (loss / cfg.accumulation).backward()
         part = loss.detach().to(torch.float64) / cfg.accumulation
         total = part if total is None else total + part
+    if _world()[1] > 1:  # on the loss's device: NCCL reduces only device tensors
+        dist.all_reduce(total)
+        total = total / _world()[1]
     total = float(total)
     stats = find_quant_stats(model)
     if stats is not None:  # the step's one read of the quantizers' deferred finiteness checks, before AdamW
@@ -225,10 +228,6 @@ def train_step(
             stats.checks.raise_if_any()
         except ValueError as err:
             raise NonFiniteError(f"step {step}: {err}; stopped before the optimizer step") from None
-    if _world()[1] > 1:
-        mean = torch.tensor(total, dtype=torch.float64)
-        dist.all_reduce(mean)
-        total = float(mean) / _world()[1]
     grad_norm = _grad_norm(model, cfg.optim.grad_clip)
     if not (np.isfinite(total) and np.isfinite(grad_norm)):  # any recipe, BF16 included: nothing bad is stepped
         raise NonFiniteError(
