@@ -124,28 +124,30 @@ def test_an_evaluation_job_runs_on_the_gpu_partition_with_a_gpu(workdir):
     result = _snakemake(workdir, target)
     job = _slurm_job(result.stdout + result.stderr, "evaluate_nll")
     shown = subprocess.run(["scontrol", "show", "job", job], env=_env(), capture_output=True, text=True, check=True)
-    assert "Partition=gpu" in shown.stdout and re.search(r"gres/gpu[:=](fake:)?1", shown.stdout), shown.stdout
+    assert "Partition=gpu" in shown.stdout and re.search(r"gres[:/]gpu[:=](fake:)?1", shown.stdout), shown.stdout
     assert "JobState=COMPLETED" in shown.stdout
     record = json.loads((workdir / target).read_text())
     assert record["policy"] == "cold_d50_replay"
 
 
 def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoint(cluster, tmp_path):
-    """runtime 1 minute with --signal=USR1@50: SLURM signals the job step well before the limit, the trainer writes
-    a checkpoint of that step and exits; Snakemake resubmits (retries) and the run resumes. The result is the
-    same bytes as the run trained in one go without SLURM."""
+    """runtime 3 minutes with --signal=USR1@120: SLURM signals the job's steps a minute in (once: the rule's step
+    must exist by then, which Snakemake's start inside the job takes about 20 s of), the trainer writes a checkpoint
+    of that step and exits; Snakemake resubmits (retries) and the run resumes. The result is the same bytes as the
+    run trained in one go without SLURM."""
     shutil.copytree(ROOT / "config", tmp_path / "config")
     config = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
     config["training"].update(
-        seeds=[1], steps=60, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=4
+        seeds=[1], steps=70, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=4
     )
     config["data"].update(max_documents=120, validation_fraction=0.1, calibration_fraction=0.1)
+    config["evaluation"]["steps"] = [70]
     config["launcher"] = "ue5m3"
     (tmp_path / "config" / "tiny.yaml").write_text(yaml.safe_dump(config))
     command = ["snakemake", f"{RUN}/final.json", "--profile", "cluster", "--workflow-profile", "cluster/local/profile"]
     command += ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--retries", "6"]
-    command += ["--set-resources", "train_run:runtime=1", "train_run:tasks=1", "train_run:mpi=''"]
-    command += ["train_run:slurm_extra='--signal=USR1@50'", "--configfile", str(tmp_path / "config" / "tiny.yaml")]
+    command += ["--set-resources", "train_run:runtime=3", "train_run:tasks=1"]  # no mpi: the rule runs as a job step
+    command += ["train_run:slurm_extra='--signal=USR1@120'", "--configfile", str(tmp_path / "config" / "tiny.yaml")]
     result = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
@@ -168,6 +170,6 @@ def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoin
         check=False,
     )
     assert direct.returncode == 0, direct.stderr[-4000:]
-    a, b = _model(run_dir, 60), _model(tmp_path / "results" / "direct", 60)
+    a, b = _model(run_dir, 70), _model(tmp_path / "results" / "direct", 70)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _metrics(run_dir) == _metrics(tmp_path / "results" / "direct")
