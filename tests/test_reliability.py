@@ -309,3 +309,8 @@ def test_a_run_stopped_after_its_last_checkpoint_writes_only_the_final_record_on
     state = _model_state(cfg.run_dir)
     record = json.loads(train.train(cfg, _stream()).read_text())
     assert record["step"] == 4 and _same(_model_state(cfg.run_dir), state)
+
+
+def test_recipe_layers_the_model_does_not_have_are_reported(tmp_path):
+    with pytest.warns(UserWarning, match=r"'nvfp4_te' names layers \[44, .* 'dense_debug' with 2 layers"):
+        _config(tmp_path, recipe="nvfp4_te")

@@ -13,6 +13,7 @@ import fnmatch
 import json
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,9 +166,20 @@ class TrainConfig:
         except ValueError as exc:
             raise ValueError(f"model_overrides: {exc}") from None
         try:
-            recipes.resolve(self.recipe, self.recipe_overrides)
+            recipe = recipes.resolve(self.recipe, self.recipe_overrides)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ValueError(f"recipe: {exc}") from None
+        named = set(recipe.bf16_layers) | {layer for o in recipe.target_overrides for layer in o.layers}
+        if named:
+            depth = len(models.blocks(models.build_from_config(model_cfg, device="meta")))
+            beyond = sorted(layer for layer in named if layer >= depth)
+            if beyond:
+                # the packaged recipes name the 8B model's layer indices: a smaller model selects none of them
+                warnings.warn(
+                    f"recipe {recipe.name!r} names layers {beyond} (BF16 layers or target overrides) that model "
+                    f"{self.model!r} with {depth} layers does not have; they select nothing",
+                    stacklevel=2,
+                )
         if self.data:
             from ue5m3.data import DataConfig
 
