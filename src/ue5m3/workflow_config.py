@@ -84,6 +84,7 @@ def parity_settings(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         "model": entry["model"],
         "model_overrides": entry["model_overrides"],
         "recipe": entry["recipe"],
+        "recipe_overrides": entry.get("recipe_overrides", {}),
         "seed": 0,
         "data": {**cfg["data"], "sequence_length": entry["sequence_length"]},
         "steps": entry["steps"],
