@@ -44,6 +44,8 @@ rule train_run:
         result_path("train", "{group}", "{variant}", "seed{seed}", "final.json"),
     log:
         log_path("train", "{group}", "{variant}", "seed{seed}", "train.log"),
+    wildcard_constraints:
+        group="main",
     conda:
         "../envs/cpu.yaml"
     threads: 1
@@ -52,6 +54,13 @@ rule train_run:
         launcher=launcher_command,
     shell:
         "{params.launcher} train --config {input.config} --threads {threads} --restart-on-change > {log} 2>&1"
+
+
+# The override control (the paper's 350M model) as a rule of its own, so that a profile sizes it apart from the
+# 8B runs (cluster/config.yaml: one 4-GPU node).
+use rule train_run as train_control with:
+    wildcard_constraints:
+        group="control",
 
 
 rule training_summary:
