@@ -326,17 +326,19 @@ def _check_identity(path: Path, manifest: Mapping[str, Any], identity: Mapping[s
         )
 
 
-def _prepare_run_dir(run_dir: Path, identity: Mapping[str, Any], restart_on_change: bool) -> None:
+def _prepare_run_dir(run_dir: Path, identity: Mapping[str, Any], restart_on_change: bool) -> bool:
     """Rank 0, holding the run lock: remove killed saves' temporaries; if the newest valid checkpoint is another
-    run's, refuse (naming what differs) or, with ``restart_on_change``, move the whole directory aside."""
+    run's, refuse (naming what differs) or, with ``restart_on_change``, move the whole directory aside (returns
+    True then: the caller locks the new, empty directory)."""
     root = run_dir / "checkpoints"
     for path in checkpoint.remove_temporaries(root):
         log0(f"removed {path} (a checkpoint save that was interrupted)")
     found = checkpoint.newest_valid(root)
     if found is None:
-        return
+        return False
     try:
         _check_identity(*found, identity)
+        return False
     except RunIdentityError as err:
         if not restart_on_change:
             raise
@@ -349,6 +351,7 @@ def _prepare_run_dir(run_dir: Path, identity: Mapping[str, Any], restart_on_chan
         os.replace(run_dir, aside)  # the lock file moves with it; this process still holds the lock on it
         run_dir.mkdir(parents=True)
         warnings.warn(f"{err}\nthe settings changed: moved the old run to {aside}; starting afresh", stacklevel=2)
+        return True
 
 
 # ----- checkpoints --------------------------------------------------------------------------------------
@@ -555,7 +558,8 @@ def train(
     with contextlib.ExitStack() as stack:
         if rank == 0:
             stack.enter_context(checkpoint.RunLock(run_dir))
-            _prepare_run_dir(run_dir, identity, restart_on_change)
+            if _prepare_run_dir(run_dir, identity, restart_on_change):
+                stack.enter_context(checkpoint.RunLock(run_dir))  # the old lock moved aside with the old run
         if world > 1:
             dist.barrier()
         stops = stack.enter_context(_StopRequests())
