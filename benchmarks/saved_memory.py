@@ -30,14 +30,13 @@ RECIPES = ("ue5m3_b16", "nvfp4_te", "mxfp4")
 
 
 def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
-    params = {p.data_ptr() for p in module.parameters()} if x.device.type != "meta" else set()
+    """Bytes of every tensor autograd keeps for ``module(x)``'s backward, its parameters and their views left out."""
     param_ids = {id(p) for p in module.parameters()}
     total = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal total
-        held = id(t) in param_ids or (t._base is not None and id(t._base) in param_ids)  # a parameter or its view
-        if not held and (x.device.type == "meta" or t.data_ptr() not in params):
+        if id(t) not in param_ids and (t._base is None or id(t._base) not in param_ids):
             total += t.numel() * t.element_size()
         return t
 

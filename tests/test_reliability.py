@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_train import _config as train_config
 from ue5m3.data import RandomTokenStream
 from ue5m3.training import checkpoint
 from ue5m3.training import loop as train
@@ -23,21 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(tmp_path, recipe="ue5m3_b16", steps=4, **kw) -> TrainConfig:
-    values = dict(
-        run_dir=str(tmp_path / "run"),
-        model="dense_debug",
-        recipe=recipe,
-        seed=3,
-        steps=steps,
-        micro_batch=2,
-        accumulation=1,
-        data={},
-        checkpoint_every=2,
-        keep_checkpoints=10,
-        optim=OptimConfig(lr=3e-3),
-    )
-    values.update(kw)
-    return TrainConfig(**values)
+    """test_train's run config with one microbatch per step."""
+    return train_config(tmp_path, recipe=recipe, steps=steps, **{"accumulation": 1, **kw})
 
 
 def _stream():
