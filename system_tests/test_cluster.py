@@ -89,6 +89,27 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in lines]
 
 
+def _assert_equals_direct_run(work: Path, run_dir: Path, step: int, *launch: str) -> None:
+    """Train the run's own config again, outside SLURM, with ``launch`` (the command before `train`), and compare
+    the checkpoint of ``step`` and the metrics bit for bit."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["run_dir"] = "results/direct"
+    (work / "direct.yaml").write_text(yaml.safe_dump(config))
+    direct = subprocess.run(
+        [*launch, "train", "--config", "direct.yaml"],
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert direct.returncode == 0, direct.stderr[-4000:]
+    a, b = _model(run_dir, step), _model(work / "results" / "direct", step)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics(run_dir) == _metrics(work / "results" / "direct")
+
+
 def test_training_launched_by_srun_and_torchrun_equals_the_same_run_without_slurm(workdir):
     result = _snakemake(workdir, f"{RUN}/final.json")
     output = result.stdout + result.stderr
@@ -101,22 +122,7 @@ def test_training_launched_by_srun_and_torchrun_equals_the_same_run_without_slur
     assert job
 
     # the same two-process run without SLURM
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    config["run_dir"] = "results/direct"
-    (workdir / "direct.yaml").write_text(yaml.safe_dump(config))
-    direct = subprocess.run(
-        ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ue5m3", "train", "--config", "direct.yaml"],
-        cwd=workdir,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert direct.returncode == 0, direct.stderr[-4000:]
-    a, b = _model(run_dir, 4), _model(workdir / "results" / "direct", 4)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert _metrics(run_dir) == _metrics(workdir / "results" / "direct")
+    _assert_equals_direct_run(workdir, run_dir, 4, "torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ue5m3")
 
 
 def test_an_evaluation_job_runs_on_the_gpu_partition_with_a_gpu(workdir):
@@ -157,19 +163,4 @@ def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoin
     assert "resumed from" in log, log[-2000:]
 
     run_dir = tmp_path / RUN
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    config["run_dir"] = "results/direct"
-    (tmp_path / "direct.yaml").write_text(yaml.safe_dump(config))
-    direct = subprocess.run(
-        ["ue5m3", "train", "--config", "direct.yaml"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert direct.returncode == 0, direct.stderr[-4000:]
-    a, b = _model(run_dir, 70), _model(tmp_path / "results" / "direct", 70)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert _metrics(run_dir) == _metrics(tmp_path / "results" / "direct")
+    _assert_equals_direct_run(tmp_path, run_dir, 70, "ue5m3")
