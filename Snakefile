@@ -1,6 +1,7 @@
 # Reproduces "UE5M3 FP4 Block Scaling for Stable Language Model Pretraining".
 #   CPU scale:   snakemake --cores 2                 (or `make reproduce`)
 #   paper scale: snakemake --profile cluster --configfile config/paper.yaml
+#   the report:  make report                          (snakemake --report report.html after a run)
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -9,15 +10,38 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/range_analysis.smk"
 include: "workflow/rules/accumulation.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/identification.smk"
+include: "workflow/rules/throughput.smk"
+include: "workflow/rules/report.smk"
+
+
+# Run on the submitting machine, never sent to SLURM as jobs: the targets, the run configs, the summaries and
+# the figure notebooks (seconds each; the report views are local rules of their own).
+localrules:
+    all,
+    train_config,
+    identify_parity_config,
+    training_summary,
+    range_figures,
+    accumulation_figures,
+    training_figures,
+    evaluation_figures,
+    downstream_figures,
+    identification_figures,
+    grid_control_figures,
+    throughput_figures,
 
 
 rule all:
     default_target: True
     input:
         all_figures(),
+        report_views(),

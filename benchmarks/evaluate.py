@@ -1,7 +1,7 @@
 """Evaluation throughput (forward-only tokens/s) per inference policy, at CPU scale.
 
-Usage: python benchmarks/evaluate.py [--model nemotron_h_debug] [--recipe ue5m3_b16] [--sequence 128]
-                                     [--units 30] [--threads 1] [--json out.json]
+Usage: python benchmarks/evaluate.py [--model nemotron_h_debug] [--pattern "*-M-M-M-M-M-"] [--recipe ue5m3_b16]
+                                     [--sequence 128] [--units 30] [--threads 1] [--json out.json]
 
 Trains a one-step run on random tokens in a temporary directory (evaluation cost does not depend on training),
 then, for each policy, loads it with `ue5m3.evaluation.inference.load_for_inference` and times `forward_unit` on batch-1
@@ -19,6 +19,8 @@ import time
 
 import torch
 
+PIPELINE_PATTERN = "*-M-M-M-M-M-"  # config/config.yaml's training model: the 8B model's final 12 blocks
+
 
 def main() -> None:
     from ue5m3 import models
@@ -29,6 +31,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="nemotron_h_debug")
+    parser.add_argument(
+        "--pattern",
+        default=PIPELINE_PATTERN,
+        help="Nemotron-H block pattern (default: the CPU pipeline's training model, deep enough for the recipes' "
+        "final 8 layers); '' keeps the model's own",
+    )
     parser.add_argument("--recipe", default="ue5m3_b16")
     parser.add_argument("--sequence", type=int, default=128)
     parser.add_argument("--units", type=int, default=30)
@@ -36,12 +44,14 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    vocab = models.config(args.model).vocab_size
+    overrides = {"hybrid_override_pattern": args.pattern} if args.pattern else {}
+    vocab = models.config(args.model, **overrides).vocab_size
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             run_dir=tmp,
             model=args.model,
+            model_overrides=overrides,
             recipe=args.recipe,
             seed=0,
             steps=1,

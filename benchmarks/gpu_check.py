@@ -16,6 +16,7 @@ results and the GPU's name. Without a CUDA device it exits with status 2 and say
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import platform
@@ -190,7 +191,9 @@ def _step_case(recipe_name: str, seq: int, batch: int, repeats: int) -> dict:
 
     torch.cuda.reset_peak_memory_stats()
     model = models.build("nemotron_h_8b", device="cuda", hybrid_override_pattern="M-")
-    convert(model, recipes.get(recipe_name), select=models.eligible_linears(model), sr_state=SRState(0))
+    # two blocks hold no "final 8 layers": both run in FP4, without the recipe's BF16 layers and overrides
+    recipe = dataclasses.replace(recipes.get(recipe_name), bf16_layers=(), target_overrides=())
+    convert(model, recipe, select=models.eligible_linears(model), sr_state=SRState(0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     state, step = find_scale_state(model), [0]
     vocab = models.config("nemotron_h_8b").vocab_size

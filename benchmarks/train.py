@@ -1,7 +1,7 @@
 """Training throughput and peak memory per recipe against BF16, at CPU scale.
 
-Usage: python benchmarks/train.py [--model nemotron_h_debug] [--steps 12] [--micro-batch 8] [--sequence 128]
-                                  [--threads 1] [--json out.json]
+Usage: python benchmarks/train.py [--model nemotron_h_debug] [--pattern "*-M-M-M-M-M-"] [--steps 12]
+                                  [--micro-batch 8] [--sequence 128] [--threads 1] [--json out.json]
 
 Each recipe trains in its own process (its peak resident memory is its own) on random tokens with the real
 trainer (scale steps, microbatches, clipping, AdamW; checkpointing only at the end), one thread by default as
@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 
+PIPELINE_PATTERN = "*-M-M-M-M-M-"  # config/config.yaml's training model: the 8B model's final 12 blocks
 RECIPES = [
     "bf16",
     "ue5m3_b16",
@@ -39,11 +40,13 @@ def run_case(args: argparse.Namespace) -> dict:
     from ue5m3.training.config import TrainConfig
 
     torch.set_num_threads(args.threads)
-    vocab = models.config(args.model).vocab_size
+    overrides = {"hybrid_override_pattern": args.pattern} if args.pattern else {}
+    vocab = models.config(args.model, **overrides).vocab_size
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             run_dir=tmp,
             model=args.model,
+            model_overrides=overrides,
             recipe=args.case,
             seed=0,
             steps=args.steps,
@@ -69,6 +72,12 @@ def run_case(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="nemotron_h_debug")
+    parser.add_argument(
+        "--pattern",
+        default=PIPELINE_PATTERN,
+        help="Nemotron-H block pattern (default: the CPU pipeline's training model, deep enough for the recipes' "
+        "final 8 layers); '' keeps the model's own",
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--sequence", type=int, default=128)
@@ -89,6 +98,8 @@ def main() -> None:
             recipe,
             "--model",
             args.model,
+            "--pattern",
+            args.pattern,
             "--steps",
             str(args.steps),
             "--micro-batch",

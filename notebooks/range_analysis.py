@@ -16,24 +16,41 @@
 #     name: python
 # ---
 
-# %%
-# Dynamic range of the block-scale formats (paper section 1).
+# %% [markdown]
+# # Dynamic range of the block-scale formats (paper sections 4.1 and 5.2)
 #
-# Draws the tables that `ue5m3 range-analysis` writes: (a) the positive codebooks of E4M3 (the NVFP4
-# block scale) and UE5M3, (b) the headroom U / T before a stale reference saturates the scales, and
-# (c) the worked example: which block amax values stay representable for a tensor reference g.
-# Every number on the figures comes from the tables. Runs under Snakemake (`rule range_figures`),
-# papermill, nbmake, or by hand from the repository root or `notebooks/`.
+# What the figures show, all computed from the format definitions by `ue5m3 range-analysis` (analytic: no
+# sampling, so there is no seed spread and no CPU-scale shortcut; the numbers are the paper's own quantities):
+#
+# - **`range_codebooks.pdf`**: every positive finite value of E4M3 (NVFP4's block scale) and of UE5M3 on one log
+#   axis. Read against section 4.1: both have three fraction bits, so the spacing within a binade is the same;
+#   UE5M3's largest value is about 137x E4M3's (61,440 vs 448) and its smallest subnormal 256x smaller
+#   ($2^{-17}$ vs $2^{-9}$).
+# - **`range_headroom.pdf`**: the headroom U / T, how far a tensor's amax may outgrow a stale reference before the
+#   block scales saturate, against the target T. Read against section 5.2: about 137x at T = 448 and 30x at
+#   T = 2048 (61,440 / 2,048) for UE5M3, and none at T = 448 for E4M3.
+# - **`range_worked_example.pdf`**: for a tensor reference g, the block amax values UE5M3 scales can represent at
+#   each example target, from the smallest nonzero one to saturation. Read against section 5.2: T = 2048 moves
+#   the smallest representable block about 4.6x (2,048 / 448) closer to zero at the cost of headroom.
+#
+# Each figure's caption states the settings read from the tables' provenance. The figures stand on their own;
+# there is no `*_vs_paper.csv` table because the paper's numbers here are exact consequences of the formats.
+
+# %%
+import json
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ue5m3.plotting import FORMAT_COLORS, format_number, notebook_setup, save_figure
+from ue5m3.plotting import FORMAT_COLORS, add_caption, format_number, notebook_setup, save_figure
 
 # %% tags=["parameters"]
 formats_csv = "results/range_analysis/formats.csv"
 codebooks_csv = "results/range_analysis/codebooks.csv"
 headroom_csv = "results/range_analysis/headroom.csv"
 worked_example_csv = "results/range_analysis/worked_example.csv"
+provenance_json = "results/range_analysis/provenance.json"
 codebooks_pdf = "figures/range_codebooks.pdf"
 headroom_pdf = "figures/range_headroom.pdf"
 worked_example_pdf = "figures/range_worked_example.pdf"
@@ -46,6 +63,7 @@ notebook_setup(
     codebooks_csv="input.codebooks",
     headroom_csv="input.headroom",
     worked_example_csv="input.worked_example",
+    provenance_json="input.provenance",
     codebooks_pdf="output.codebooks",
     headroom_pdf="output.headroom",
     worked_example_pdf="output.worked_example",
@@ -58,11 +76,17 @@ codebooks["format"] = codebooks["format"].str.upper()
 headroom = pd.read_csv(headroom_csv)
 headroom["scale_format"] = headroom["scale_format"].str.upper()
 worked = pd.read_csv(worked_example_csv).sort_values("target")
+settings = json.loads(Path(provenance_json).read_text())["config"]
+analytic = "Analytic (format definitions only, identical at CPU and paper scale), from ue5m3 range-analysis"
+
+# %% [markdown]
+# ## (a) Codebooks
+#
+# One rug per format: each line is a positive finite code. The annotated ends are the smallest subnormal and the
+# largest finite value, the two numbers section 4.1 compares.
 
 # %%
-# (a) Positive finite codebooks, one rug per format; the same 3 fraction bits give the same spacing
-# inside a binade, UE5M3 just covers many more binades.
-fig, axes = plt.subplots(len(codebook_formats), 1, sharex=True, figsize=(6.0, 1.3 * len(codebook_formats) + 0.6))
+fig, axes = plt.subplots(len(codebook_formats), 1, sharex=True, figsize=(6.0, 1.3 * len(codebook_formats) + 0.9))
 for ax, name in zip(axes, codebook_formats, strict=True):
     info = formats.loc[name]
     values = codebooks.loc[(codebooks["format"] == name) & (codebooks["value"] > 0), "value"]
@@ -81,11 +105,17 @@ for ax, name in zip(axes, codebook_formats, strict=True):
     ax.grid(False)
     ax.set_title(f"{name}: {info['positive_finite_codes']} positive finite codes", loc="left")
 axes[-1].set_xlabel("positive finite value")
+add_caption(fig, f"{analytic}. Compare paper section 4.1: max ratio and smallest-subnormal ratio of the two formats.")
 save_figure(fig, codebooks_pdf)
 
+# %% [markdown]
+# ## (b) Headroom against the target
+#
+# A stale reference saturates the block scales once the current amax exceeds U / T times it; the dashed lines mark
+# the worked example's targets, labelled with their headroom. Below the dotted line (U / T < 1) a format cannot
+# even hold the current amax at that target.
+
 # %%
-# (b) Headroom U / T: how far the current amax may outgrow a stale reference before the block scales
-# saturate. The targets of the worked example are marked and labelled.
 fig, ax = plt.subplots()
 for name, table in headroom.sort_values("target").groupby("scale_format"):
     ax.plot(table["target"], table["headroom"], marker="o", color=FORMAT_COLORS[name], label=name)
@@ -105,12 +135,19 @@ ax.set(xscale="log", yscale="log", xlabel="target T", ylabel="headroom U / T")
 ax.set_xticks(targets, labels=[format_number(t) for t in targets])
 ax.minorticks_off()
 ax.legend()
+listed = ", ".join(format_number(t) for t in settings["targets"])
+add_caption(fig, f"{analytic}; targets T = {listed}. Paper section 5.2: about 137× at T = 448, 30× at T = 2048.")
 save_figure(fig, headroom_pdf)
 
+# %% [markdown]
+# ## (c) Worked example
+#
+# For reference g, the band is the range of nonzero block amax values a UE5M3 scale represents at each target;
+# the tick marks a block whose amax equals g, labelled with its scale code. Raising T slides the band towards
+# zero: smaller blocks stay representable, the saturation point comes closer.
+
 # %%
-# (c) Worked example: for reference g, the block amax values a UE5M3 scale can represent at each target,
-# from the smallest nonzero one to saturation; the tick marks a block whose amax equals g and its code.
-fig, ax = plt.subplots(figsize=(6.0, 0.8 + 0.7 * len(worked)))
+fig, ax = plt.subplots(figsize=(6.0, 1.1 + 0.7 * len(worked)))
 for i, row in enumerate(worked.itertuples()):
     ax.hlines(
         i,
@@ -147,4 +184,6 @@ for i, row in enumerate(worked.itertuples()):
 ax.set(xscale="log", xlabel="nonzero block amax representable with UE5M3 scales", ylim=(-0.8, len(worked) - 0.2))
 ax.set_yticks(range(len(worked)), labels=[f"T = {format_number(t)}" for t in worked["target"]])
 ax.grid(axis="y", visible=False)
+example = ", ".join(format_number(t) for t in settings["example_targets"])
+add_caption(fig, f"{analytic}; g = {format_number(settings['example_reference'])} at T = {example}.")
 save_figure(fig, worked_example_pdf)

@@ -20,6 +20,8 @@ import pytest
 import torch
 import yaml
 
+from ue5m3.training import checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 STATE = Path("/tmp/ue5m3-slurm-systest")  # short: munge's socket path must fit in 108 bytes
 RUN = "results/train/main/ue5m3_b16/seed1"
@@ -81,7 +83,7 @@ def _slurm_job(output: str, rule: str) -> str:
 
 
 def _model(run_dir: Path, step: int) -> dict:
-    return torch.load(run_dir / "checkpoints" / f"step-{step:08d}" / "model.pt", map_location="cpu", weights_only=True)
+    return checkpoint.load_model_state(run_dir / "checkpoints" / f"step-{step:08d}")
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -108,6 +110,8 @@ def _assert_equals_direct_run(work: Path, run_dir: Path, step: int, *launch: str
     a, b = _model(run_dir, step), _model(work / "results" / "direct", step)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert _metrics(run_dir) == _metrics(work / "results" / "direct")
+    finals = [json.loads((d / "final.json").read_text()) for d in (run_dir, work / "results" / "direct")]
+    assert finals[0]["checkpoint_sha256"] == finals[1]["checkpoint_sha256"]  # the weights' provenance hash too
 
 
 def test_training_launched_by_srun_and_torchrun_equals_the_same_run_without_slurm(workdir):

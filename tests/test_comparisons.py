@@ -15,16 +15,30 @@ import pytest
 from ue5m3 import plotting, reference
 from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
+from ue5m3.experiments.agreement import AGREEMENT_COLUMNS
 
 NAN = float("nan")
 
 
+def _missing_as_none(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.astype(object).where(frame.notna(), None)
+
+
 def _assert_frame(actual: pd.DataFrame, expected: dict[str, list], **kwargs) -> None:
-    """``actual`` has exactly ``expected``'s columns (in order) and values (NaN equal to NaN)."""
+    """``actual`` has exactly ``expected``'s columns (in order) and values (every missing cell equal: NaN, NA, None)."""
     assert list(actual.columns) == list(expected)
     pd.testing.assert_frame_equal(
-        actual.reset_index(drop=True), pd.DataFrame(expected), check_dtype=False, check_exact=True, **kwargs
+        _missing_as_none(actual.reset_index(drop=True)),
+        _missing_as_none(pd.DataFrame(expected)),
+        check_dtype=False,
+        check_exact=True,
+        **kwargs,
     )
+
+
+def _cells(series: pd.Series) -> list:
+    """A column's values with every missing cell (NaN, NA) as None."""
+    return [None if pd.isna(v) else v for v in series]
 
 
 def _csv(tmp_path: Path, table: pd.DataFrame) -> str:
@@ -68,7 +82,7 @@ def test_accumulation_vs_paper_matches_bf16_rtz_bias_and_the_grid_sweep_in_the_p
     )
     table = comparisons.accumulation_vs_paper(rtz_bias, grid_sweep, paper)
     _assert_frame(
-        table,
+        table.drop(columns=AGREEMENT_COLUMNS),
         {
             "table": ["rtz_bias_k", "rtz_bias_k", "rtz_bias_k", "grid_sweep_s", "grid_sweep_s"],
             "distribution_or_grid": ["gaussian", "gaussian", "laplace", "none", "1/256"],
@@ -77,6 +91,36 @@ def test_accumulation_vs_paper_matches_bf16_rtz_bias_and_the_grid_sweep_in_the_p
             "ours": [-0.5, -0.75, NAN, 6e-6, 3e-4],  # nvfp4 and rne rows ignored; no laplace run
         },
     )
+    assert _cells(table["difference"]) == [0.5, 1.25, None, 6e-6 - 5e-6, 3e-4 - 2e-4]
+    assert _cells(table["relative_difference"])[:2] == [0.5, 0.625]
+    assert _cells(table["agrees"]) == [False, False, None, False, False]  # 20% and 50% off a 5% RMSE bound
+    tolerances = comparisons.ACCUMULATION_TOLERANCES
+    assert _cells(table["tolerance"]) == [tolerances[m].describe() for m in table["metric"]]
+
+
+def test_accumulation_tolerances_pass_a_share_within_3_points_and_an_rmse_within_5_percent():
+    paper = pd.DataFrame(
+        {
+            "table": ["grid_sweep_s"] * 4,
+            "distribution_or_grid": ["1/2048", "1/4096", "1/2048", "1/4096"],
+            "metric": ["mapped_to_zero_pct", "mapped_to_zero_pct", "rmse", "rmse"],
+            "value": [67.5, 37.5, 1.0, 1.0],
+        }
+    )
+    grid_sweep = pd.DataFrame(
+        {
+            "sigma": [2**-12] * 4,
+            "scale": [1.0] * 4,
+            "grid": ["1/2048", "1/4096", "1/2048", "1/4096"],
+            "denominator": [2048, 4096, 2048, 4096],
+            "metric": ["mapped_to_zero_pct", "mapped_to_zero_pct", "rmse", "rmse"],
+            "value": [70.5, 41.0, 1.046875, 0.9375],
+        }
+    )
+    empty_bias = pd.DataFrame(columns=["distribution", "operands", "rho", "metric", "variant", "value_ppm"])
+    table = comparisons.accumulation_vs_paper(empty_bias, grid_sweep, paper)
+    assert _cells(table["difference"]) == [3.0, 3.5, 0.046875, -0.0625]
+    assert _cells(table["agrees"]) == [True, False, True, False]
 
 
 def test_accumulation_vs_paper_has_a_row_for_every_row_of_the_shipped_reference():
@@ -84,9 +128,10 @@ def test_accumulation_vs_paper_has_a_row_for_every_row_of_the_shipped_reference(
     empty_bias = pd.DataFrame(columns=["distribution", "operands", "rho", "metric", "variant", "value_ppm"])
     empty_sweep = pd.DataFrame(columns=["sigma", "scale", "grid", "denominator", "metric", "value"])
     table = comparisons.accumulation_vs_paper(empty_bias, empty_sweep, paper)
-    assert list(table.columns) == ["table", "distribution_or_grid", "metric", "paper", "ours"]
+    assert list(table.columns) == ["table", "distribution_or_grid", "metric", "paper", "ours", *AGREEMENT_COLUMNS]
     assert table["paper"].tolist() == paper["value"].tolist()
     assert table["ours"].isna().all()
+    assert table["agrees"].isna().all() and table["tolerance"].notna().all()  # every metric has its tolerance
 
 
 # --- training --------------------------------------------------------------------------------------------
@@ -130,7 +175,7 @@ def test_training_gaps_subtract_each_sides_bf16_loss():
 def test_training_vs_paper_is_an_outer_join_sorted_by_recipe():
     table = comparisons.training_vs_paper(_by_recipe(), _paper_training())
     _assert_frame(
-        table,
+        table.drop(columns=AGREEMENT_COLUMNS),
         {
             "recipe": ["bf16", "mxfp4", "nvfp4_te", "ue5m3_b16"],
             "final_window_mean_loss_ours": [3.0, 3.5, NAN, 3.25],
@@ -147,6 +192,17 @@ def test_training_vs_paper_is_an_outer_join_sorted_by_recipe():
     )
 
 
+def test_training_vs_paper_compares_the_sign_of_each_recipes_gap_but_not_bf16s_own():
+    by_recipe = _by_recipe().assign(final_window_mean_loss=[3.0, 2.75, 3.5])  # ue5m3_b16 beats BF16 here
+    table = comparisons.training_vs_paper(by_recipe, _paper_training())
+    assert table["recipe"].tolist() == ["bf16", "mxfp4", "nvfp4_te", "ue5m3_b16"]
+    assert _cells(table["difference"]) == [None, None, None, -0.75]
+    assert _cells(table["relative_difference"]) == [None, None, None, -1.5]
+    assert _cells(table["agrees"]) == [None, None, None, False]  # -0.25 vs the paper's +0.5
+    assert _cells(table["tolerance"]) == [None] + [comparisons.TRAINING_TOLERANCE.describe()] * 3
+    assert "qualitative" in table["tolerance"].iloc[1] and "8B" in table["tolerance"].iloc[1]
+
+
 def test_training_vs_paper_needs_a_bf16_run():
     with pytest.raises(KeyError, match="bf16"):
         comparisons.training_vs_paper(_by_recipe().iloc[1:], _paper_training())
@@ -158,50 +214,57 @@ def test_training_vs_paper_needs_a_bf16_run():
 def _nll_results() -> pd.DataFrame:
     rows = [
         ("bf16", 1, 10, "bf16", 4.0),
-        ("bf16", 2, 10, "bf16", 4.5),
+        ("bf16", 2, 10, "bf16", 5.0),
         ("bf16", 1, 20, "bf16", 3.0),
         ("bf16", 2, 20, "bf16", 3.0),
-        ("ue5m3_b16", 1, 10, "cold_d50_replay", 4.25),
-        ("ue5m3_b16", 2, 10, "cold_d50_replay", 4.25),
+        ("ue5m3_b16", 1, 10, "cold_d50_replay", 4.0),
+        ("ue5m3_b16", 2, 10, "cold_d50_replay", 4.5),
         ("ue5m3_b16", 1, 20, "cold_d50_replay", 3.5),
         ("ue5m3_b16", 1, 20, "current_tensor", 9.0),  # the sensitivity run: not the recipe's main policy
         ("ue5m3_b16", 2, 20, "cold_d50_replay", 3.25),
     ]
-    return pd.DataFrame(rows, columns=["recipe", "seed", "step", "policy", "nll"])
+    table = pd.DataFrame(rows, columns=["recipe", "seed", "step", "policy", "nll"])
+    return table.assign(low=table["nll"] - 0.25, high=table["nll"] + 0.25)  # each run's order or bootstrap range
 
 
 def _paper_nll() -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "config": ["bf16", "bf16", "ue5m3_b16"],
-            "step": [10, 20, 20],
-            "nll": [2.0, 2.5, 2.25],
-            "inference_policy": ["none", "none", "cold_d50_replay"],
+            "config": ["bf16", "bf16", "bf16", "ue5m3_b16"],
+            "step": [50, 100, 200, 200],
+            "nll": [3.0, 2.0, 2.5, 2.25],
+            "inference_policy": ["none", "none", "none", "cold_d50_replay"],
         }
     )
 
 
-def test_validation_nll_tables_keep_the_main_policy_and_compute_percent_vs_bf16():
+def test_validation_nll_tables_keep_the_main_policy_and_spread_over_seeds_and_orders():
     ours, paper = comparisons.validation_nll_tables(_nll_results(), _paper_nll())
     _assert_frame(
         ours,
         {
             "recipe": ["bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
             "step": [10, 20, 10, 20],
-            "mean": [4.25, 3.0, 4.25, 3.375],
-            "min": [4.0, 3.0, 4.25, 3.25],
-            "max": [4.5, 3.0, 4.25, 3.5],
-            "percent_vs_bf16": [0.0, 0.0, 0.0, -12.5],  # 100 (3.0 - 3.375) / 3.0: worse than BF16
+            "mean": [4.5, 3.0, 4.25, 3.375],
+            "min": [4.0, 3.0, 4.0, 3.25],
+            "max": [5.0, 3.0, 4.5, 3.5],
+            "seeds": [2, 2, 2, 2],
+            "low": [3.75, 2.75, 3.75, 3.0],  # the widest single evaluation of the group
+            "high": [5.25, 3.25, 4.75, 3.75],
+            "percent_vs_bf16": [0.0, 0.0, 100 * (4.5 - 4.25) / 4.5, -12.5],  # of the seed means: 100 (b - x) / b
+            # each seed against BF16's run of the same seed: 100 (4 - 4) / 4 and 100 (5 - 4.5) / 5 at step 10
+            "percent_vs_bf16_min": [0.0, 0.0, 0.0, 100 * (3.0 - 3.5) / 3.0],
+            "percent_vs_bf16_max": [0.0, 0.0, 10.0, 100 * (3.0 - 3.25) / 3.0],
         },
     )
     _assert_frame(
         paper,
         {
-            "recipe": ["bf16", "bf16", "ue5m3_b16"],
-            "step": [10, 20, 20],
-            "nll": [2.0, 2.5, 2.25],
-            "inference_policy": ["none", "none", "cold_d50_replay"],
-            "percent_vs_bf16": [0.0, 0.0, 10.0],  # 100 (2.5 - 2.25) / 2.5
+            "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16"],
+            "step": [50, 100, 200, 200],
+            "nll": [3.0, 2.0, 2.5, 2.25],
+            "inference_policy": ["none", "none", "none", "cold_d50_replay"],
+            "percent_vs_bf16": [0.0, 0.0, 0.0, 10.0],  # 100 (2.5 - 2.25) / 2.5
         },
     )
 
@@ -212,20 +275,25 @@ def test_validation_nll_tables_leave_the_reference_table_unchanged():
     assert paper.equals(_paper_nll())
 
 
-def test_validation_vs_paper_joins_on_recipe_and_step():
+def test_validation_vs_paper_pairs_checkpoints_at_the_same_fraction_of_training():
     table = comparisons.validation_vs_paper(_nll_results(), _paper_nll())
     _assert_frame(
-        table,
+        table.drop(
+            columns=["mean", "min", "max", "seeds", "low", "high", "percent_vs_bf16_min", "percent_vs_bf16_max"]
+        ),
         {
-            "recipe": ["bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
-            "step": [10, 20, 10, 20],
-            "mean": [4.25, 3.0, 4.25, 3.375],
-            "min": [4.0, 3.0, 4.25, 3.25],
-            "max": [4.5, 3.0, 4.25, 3.5],
-            "percent_vs_bf16_ours": [0.0, 0.0, 0.0, -12.5],
-            "nll": [2.0, 2.5, NAN, 2.25],
-            "inference_policy": ["none", "none", NAN, "cold_d50_replay"],
-            "percent_vs_bf16_paper": [0.0, 0.0, NAN, 10.0],
+            "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
+            "training_fraction": [0.25, 0.5, 1.0, 0.5, 1.0],  # ours 10 / 20 and 20 / 20; the paper's 50 / 200 ...
+            "step_ours": [None, 10, 20, 10, 20],
+            "percent_vs_bf16_ours": [NAN, 0.0, 0.0, 100 * (4.5 - 4.25) / 4.5, -12.5],
+            "step_paper": [50, 100, 200, None, 200],
+            "nll": [3.0, 2.0, 2.5, NAN, 2.25],
+            "inference_policy": ["none", "none", "none", None, "cold_d50_replay"],
+            "percent_vs_bf16_paper": [0.0, 0.0, 0.0, NAN, 10.0],
+            "difference": [None, None, None, None, -22.5],
+            "relative_difference": [None, None, None, None, -2.25],
+            "tolerance": [None, None, None] + [comparisons.VALIDATION_TOLERANCE.describe()] * 2,
+            "agrees": [None, None, None, None, False],  # worse than BF16 here, better in the paper
         },
     )
 
@@ -234,11 +302,88 @@ def test_validation_percent_keeps_the_published_evaluation_order(tmp_path):
     # The CSV must stay byte-identical: 100 (b - x) / b, which differs in the last bits from 100 - 100 x / b.
     results = pd.DataFrame(
         {"recipe": ["bf16", "r"], "seed": [1, 1], "step": [1, 1], "policy": ["p", "p"], "nll": [3.0, 2.9]}
-    )
+    ).assign(low=[3.0, 2.9], high=[3.0, 2.9])
     paper = pd.DataFrame({"config": ["bf16"], "step": [1], "nll": [3.0], "inference_policy": ["none"]})
     table = comparisons.validation_vs_paper(results, paper)
     assert table["percent_vs_bf16_ours"].tolist() == [0.0, 3.333333333333336]
-    assert _csv(tmp_path, table).splitlines()[2] == "r,1,2.9,2.9,2.9,3.333333333333336,nan,nan,nan"
+    row = "r,1.0,1,2.9,2.9,2.9,1,2.9,2.9" + ",3.333333333333336" * 3 + ",,,,,,,"  # no paper point: empty cells
+    assert _csv(tmp_path, table).splitlines()[2] == row + comparisons.VALIDATION_TOLERANCE.describe() + ","
+
+
+# --- policy sensitivity ----------------------------------------------------------------------------------
+
+
+def test_policy_sensitivity_vs_paper_pairs_seeds_with_bf16_and_matches_the_papers_policy():
+    rows = [
+        ("bf16", 1, 20, "bf16", 4.0, 3.75, 4.25),
+        ("bf16", 2, 20, "bf16", 5.0, 4.75, 5.25),
+        ("ue5m3_b16", 1, 20, "cold_d50_replay", 3.0, 2.0, 3.0),  # orders from 2 to 3
+        ("ue5m3_b16", 2, 20, "cold_d50_replay", 4.0, 4.0, 4.5),
+        ("ue5m3_b16", 1, 20, "current_tensor", 5.0, 4.0, 6.0),
+        ("ue5m3_b16", 1, 10, "cold_d50_replay", 9.0, 9.0, 9.0),  # not the last step
+    ]
+    results = pd.DataFrame(rows, columns=["recipe", "seed", "step", "policy", "nll", "low", "high"])
+    table = comparisons.policy_sensitivity_vs_paper(results, _paper_nll(), recipe="ue5m3_b16")
+    _assert_frame(
+        table.drop(columns=["tolerance"]),
+        {
+            "policy": ["cold_d50_replay", "current_tensor"],
+            "step": [20, 20],
+            "seeds": [2, 1],
+            "nll_mean": [3.5, 5.0],
+            "nll_min": [3.0, 5.0],
+            "nll_max": [4.0, 5.0],
+            "percent_vs_bf16": [22.5, -25.0],  # mean of 100 (4 - 3) / 4 and 100 (5 - 4) / 5
+            "percent_vs_bf16_min": [20.0, -25.0],
+            "percent_vs_bf16_max": [25.0, -25.0],
+            "interval_percent_low": [10.0, -50.0],  # 100 (5 - 4.5) / 5; 100 (4 - 6) / 4
+            "interval_percent_high": [50.0, 0.0],  # 100 (4 - 2) / 4
+            "paper_step": [200, None],
+            "paper_nll": [2.25, None],
+            "paper_percent_vs_bf16": [10.0, None],
+            "difference": [12.5, None],
+            "relative_difference": [1.25, None],
+            "agrees": [True, None],
+        },
+    )
+
+
+# --- scale snapshot --------------------------------------------------------------------------------------
+
+
+def test_scale_snapshot_vs_paper_sums_modules_per_checkpoint_and_target():
+    counts = pd.DataFrame(
+        {
+            "module": ["a", "a", "b", "b", "a", "a"],
+            "target": [448.0, 2048.0, 448.0, 2048.0, 448.0, 2048.0],
+            "dy_amax": [1.0] * 6,
+            "blocks": [16, 16, 32, 32, 16, 16],
+            "zero_blocks": [1, 1, 0, 0, 0, 0],
+            "below_2^-17": [0, 0, 2, 0, 0, 0],
+            "below_2^-18": [0, 0, 1, 0, 0, 0],
+            "zero_rounded_before_repair": [0, 0, 1, 0, 0, 0],
+            "saturated": [0, 0, 0, 0, 0, 3],
+            "recipe": ["ue5m3_b16"] * 4 + ["bf16"] * 2,
+        }
+    )
+    paper = pd.DataFrame(
+        {
+            "config": ["ue5m3_b16"] * 4,
+            "target": [448.0, 448.0, 2048.0, 2048.0],
+            "metric": ["zero_rounded_before_repair", "saturated"] * 2,
+            "value": [0, 0, 0, 0],
+        }
+    )
+    table = comparisons.scale_snapshot_vs_paper(counts, paper)
+    assert table["recipe"].tolist() == ["ue5m3_b16"] * 10 + ["bf16"] * 10  # the order given
+    first = table.iloc[:5]
+    assert first["target"].tolist() == [448.0] * 5 and first["modules"].tolist() == [2] * 5
+    assert first["blocks"].tolist() == [48] * 5
+    assert first["metric"].tolist() == comparisons.SNAPSHOT_METRICS
+    assert first["ours"].tolist() == [1, 2, 1, 1, 0]
+    assert _cells(first["paper"]) == [None, None, None, 0, 0]
+    assert _cells(first["agrees"]) == [None, None, None, False, True]  # one zero-rounded code where the paper had none
+    assert _cells(table["agrees"])[-5:] == [None] * 5  # the paper has no bf16 rows here
 
 
 # --- downstream ------------------------------------------------------------------------------------------
@@ -266,7 +411,7 @@ def test_downstream_vs_paper_aggregates_percent_over_seeds_and_drops_missing_sco
     )
     table = comparisons.downstream_vs_paper(records, paper)
     _assert_frame(
-        table,
+        table.drop(columns=AGREEMENT_COLUMNS),
         {
             "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
             "benchmark": ["core_9mcqa_olmes", "mmlu_olmes", "mmlu_pro_mc", "core_9mcqa_olmes", "mmlu_olmes"],
@@ -275,8 +420,12 @@ def test_downstream_vs_paper_aggregates_percent_over_seeds_and_drops_missing_sco
             "max": [75.0, 25.0, 12.5, 62.5, 37.5],
             "count": [2, 1, 1, 1, 1],
             "paper": [65.0, 40.0, 11.0, 64.0, NAN],
+            "gap_to_bf16_ours": [0.0, 0.0, 0.0, 0.0, 12.5],
+            "gap_to_bf16_paper": [0.0, 0.0, 0.0, -1.0, NAN],
         },
     )
+    assert _cells(table["difference"]) == [None, None, None, 1.0, None]
+    assert _cells(table["agrees"]) == [None, None, None, False, None]  # level with BF16 vs the paper's -1 point
 
 
 def test_downstream_vs_paper_reads_recipe_and_seed_from_the_path():
@@ -289,6 +438,7 @@ def test_downstream_vs_paper_reads_recipe_and_seed_from_the_path():
     assert table["count"].tolist() == [2, 2]  # two seeds, not one
     assert table["mean"].tolist() == [50.0, 50.0]
     assert table["paper"].isna().all()  # the paper has no mxfp4 run
+    assert table["gap_to_bf16_ours"].isna().all() and table["agrees"].isna().all()  # and we ran no BF16 here
 
 
 # --- emulator identification -----------------------------------------------------------------------------
@@ -318,14 +468,34 @@ def test_emulator_identification_vs_paper_appends_the_papers_unmatched_rows(tmp_
     assert {c: str(table[c].dtype) for c in ("passed", "total", "paper_passed", "paper_total")} == dict.fromkeys(
         ("passed", "total", "paper_passed", "paper_total"), "Int64"
     )
-    assert _csv(tmp_path, table) == (
-        "fit,experiment,variant,candidate,passed,total,paper_passed,paper_total\n"
-        "fit_a,order,rne_16,c1,5,10,143,258\n"
-        "fit_a,order,rne_16,c2,7,10,143,258\n"
-        "fit_a,order,rne_8,c1,1,10,,\n"
-        "fit_b,witness,group64,c1,6,7,6,7\n"
-        "nan,witness,decoded,nan,,,0,7\n"
+    assert _csv(tmp_path, table.drop(columns=["difference", "relative_difference", "tolerance"])) == (
+        "fit,experiment,variant,candidate,passed,total,paper_passed,paper_total,share,paper_share,agrees\n"
+        f"fit_a,order,rne_16,c1,5,10,143,258,0.5,{143 / 258!r},True\n"
+        f"fit_a,order,rne_16,c2,7,10,143,258,0.7,{143 / 258!r},True\n"
+        "fit_a,order,rne_8,c1,1,10,,,0.1,,\n"
+        f"fit_b,witness,group64,c1,6,7,6,7,{6 / 7!r},{6 / 7!r},True\n"
+        ",witness,decoded,,,,0,7,,0.0,\n"
     )
+    assert table["tolerance"].eq(comparisons.IDENTIFICATION_TOLERANCE.describe()).all()
+
+
+def test_emulator_identification_agrees_when_both_or_neither_side_matches_every_cell():
+    variants = ["rtz_64", "rtz_32", "rne_16", "rtz_16"]
+    ours = pd.DataFrame(
+        {
+            "experiment": ["order"] * 4,
+            "variant": variants,
+            "candidate": ["c"] * 4,
+            "passed": [64, 64, 3, 60],
+            "total": [64] * 4,
+            "fit": ["f"] * 4,
+        }
+    )
+    paper = pd.DataFrame(
+        {"experiment": ["order"] * 4, "variant": variants, "passed": [258, 251, 143, 258], "total": [258] * 4}
+    )
+    table = comparisons.emulator_identification_vs_paper(ours, paper)
+    assert _cells(table["agrees"]) == [True, False, True, False]
 
 
 def test_emulator_identification_vs_paper_covers_the_shipped_reference_once_per_candidate():
@@ -357,26 +527,47 @@ def test_grid_regression_control_vs_paper_means_and_bit_identity_per_arm(tmp_pat
         {
             "arm": ["bf16", "rne", "rtz", "rne", "sr"],
             "metric": ["mean_final_eval_mse"] * 3 + ["bit_identical_across_grids"] * 2,
-            "value": [0.125, 0.25, 0.75, 1.0, 1.0],
+            "value": [0.375, 1.5, 0.75, 1.0, 1.0],
         }
     )
     table = comparisons.grid_regression_control_vs_paper(runs, paper)
+    mse, same = comparisons.GRID_CONTROL_TOLERANCES.values()
     _assert_frame(
         table,
         {
-            "arm": ["bf16", "rne", "rtz", "sr"],
-            "ours": [0.375, 1.5, NAN, 4.25],
-            "paper": [0.125, 0.25, 0.75, NAN],
-            "paper_bit_identical": [NAN, 1.0, NAN, 1.0],
-            "ours_bit_identical": [NAN, 1.0, NAN, 0.0],
+            "arm": ["bf16", "rne", "rtz", "sr", "rne", "sr"],
+            "metric": ["mean_final_eval_mse"] * 4 + ["bit_identical_across_grids"] * 2,
+            "ours": [0.375, 1.5, NAN, 4.25, 1.0, 0.0],
+            "paper": [0.375, 1.5, 0.75, NAN, 1.0, 1.0],
+            "difference": [0.0, 0.0, None, None, 0.0, -1.0],
+            "relative_difference": [0.0, 0.0, None, None, 0.0, -1.0],
+            "tolerance": [mse.describe()] * 4 + [same.describe()] * 2,
+            "agrees": [True, True, None, None, True, False],
         },
     )
-    assert _csv(tmp_path, table).splitlines()[1:] == [
-        "bf16,0.375,0.125,nan,nan",
-        "rne,1.5,0.25,1.0,1.0",
-        "rtz,nan,0.75,nan,nan",
-        "sr,4.25,nan,1.0,0.0",
+    assert _csv(tmp_path, table.drop(columns="tolerance")).splitlines()[1:] == [
+        "bf16,mean_final_eval_mse,0.375,0.375,0.0,0.0,True",
+        "rne,mean_final_eval_mse,1.5,1.5,0.0,0.0,True",
+        "rtz,mean_final_eval_mse,,0.75,,,",
+        "sr,mean_final_eval_mse,4.25,,,,",
+        "rne,bit_identical_across_grids,1.0,1.0,0.0,0.0,True",
+        "sr,bit_identical_across_grids,0.0,1.0,-1.0,-1.0,False",
     ]
+
+
+def test_grid_regression_control_mse_agrees_within_10_percent():
+    runs = pd.DataFrame(
+        {
+            "rounding": ["rne", "sr"],
+            "grid": ["none"] * 2,
+            "seed": [1, 1],
+            "final_eval_mse": [1.09375, 0.875],
+            "params_sha256": ["a", "b"],
+        }
+    )
+    paper = pd.DataFrame({"arm": ["rne", "sr"], "metric": ["mean_final_eval_mse"] * 2, "value": [1.0, 1.0]})
+    table = comparisons.grid_regression_control_vs_paper(runs, paper)
+    assert _cells(table["agrees"]) == [True, False, None, None]  # 9.4% and 12.5% off; identity rows: no paper
 
 
 # --- parity ----------------------------------------------------------------------------------------------

@@ -82,6 +82,27 @@ def test_type_errors_are_type_errors_and_config_errors():
     assert issubclass(config.ConfigTypeError, config.ConfigError)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Either:
+    layers: tuple[int, ...] | Inner
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "message"),
+    [
+        ([1, 2.5], config.ConfigTypeError, "f.yaml: layers[1]: expected int, got float 2.5"),  # the list's problem
+        ({"rate": "x"}, config.ConfigTypeError, "f.yaml: layers.rate: expected float, got str 'x'"),
+        ({"rat": 1}, config.ConfigError, "f.yaml: layers: unknown keys ['rat']"),
+        ("x", config.ConfigTypeError, "f.yaml: layers: expected a list or a mapping, got str 'x'"),
+    ],
+)
+def test_a_union_of_a_list_and_a_mapping_reports_the_alternative_of_the_values_shape(value, kind, message):
+    with pytest.raises(kind) as info:
+        config.load(Either, {"layers": value}, source="f.yaml")
+    assert message in str(info.value)
+    assert config.load(Either, {"layers": [1, 2]}).layers == (1, 2)
+
+
 def test_complete_documents_refuse_keys_left_to_defaults():
     with pytest.raises(config.ConfigError, match=r"inner: unknown keys \[\], missing keys \['steps'\]"):
         config.load(Outer, {**config.dump(config.load(Outer, GOOD)), "inner": {"rate": 1.0}}, complete=True)

@@ -120,3 +120,15 @@ def test_the_paper_config_holds_only_what_differs_from_the_cpu_config():
 
 def test_the_duplicate_finder_sees_a_repeated_value():
     assert _duplicates({"a": {"b": 1, "c": 2}, "d": 3}, {"a": {"b": 1, "c": 5}, "d": 4}) == ["a.b"]
+
+
+def test_the_tokenizer_source_schema_and_dataclass_agree():
+    from ue5m3.data.hub import TokenizerSource
+
+    section = _resolve(_at(SCHEMA, ("$defs", "tokenizer_source")))
+    expected = config.schema(TokenizerSource)
+    assert section["additionalProperties"] is False
+    assert set(section["properties"]) == set(expected["properties"])
+    assert set(expected["required"]) <= set(section["required"])
+    assert CPU["tokenizer_source"] is None  # the CPU scale trains its BPE offline: nothing to fetch
+    TokenizerSource.from_dict(CONFIGS["paper"]["tokenizer_source"], source="paper config")

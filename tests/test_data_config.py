@@ -30,6 +30,9 @@ def test_config_loader_lists_unknown_and_missing_keys():
         ({"validation_fraction": 0.6, "calibration_fraction": 0.5}, ValueError, "data.calibration_fraction"),
         ({"stream_a_files": ("x.jsonl",)}, ValueError, "data.stream_a_files"),
         ({"bos_token": "</s>"}, ValueError, "data.eos_token"),
+        ({"prepare_parts": 0}, ValueError, "data.prepare_parts: must be >= 1"),
+        ({"prepare_parts": True}, TypeError, "data.prepare_parts"),
+        ({"prepare_parts": 2}, ValueError, "data.prepare_parts: 2 parts need a fixed tokenizer"),
     ],
 )
 def test_config_errors_name_the_key(overrides, exc, key):

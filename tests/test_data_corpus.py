@@ -70,29 +70,36 @@ def test_manifest_sha256_matches_every_file(tmp_path):
     config = fixture_config(tmp_path)
     prepare_corpus(config, tmp_path / "c")
     manifest = verify_manifest(tmp_path / "c")
-    assert len(manifest["files"]) == 6
+    # One file per (unit, split) holding documents: 4 fixture files, 11 of their 12 splits non-empty.
+    assert [u["source"].rsplit("/", 1)[-1] for u in manifest["units"]] == [
+        "shard-0000.jsonl",
+        "shard-0001.jsonl",
+        "arxiv-0000.jsonl",
+        "starcoder-0000.jsonl",
+    ]
+    assert len(manifest["files"]) == 11
     for rel, entry in manifest["files"].items():
         assert corpus_module.sha256_file(tmp_path / "c" / rel) == entry["sha256"]
-    with open(tmp_path / "c" / "dclm" / "train.jsonl", "a") as handle:
+    with open(tmp_path / "c" / "dclm" / "train" / "unit_00001.jsonl", "a") as handle:
         handle.write("\n")
-    with pytest.raises(ValueError, match=r"train\.jsonl.*the manifest says"):
+    with pytest.raises(ValueError, match=r"unit_00001\.jsonl.*the manifest says"):
         verify_manifest(tmp_path / "c")
 
 
 def test_prepare_corpus_leaves_no_partial_file_on_error(tmp_path, monkeypatch):
     config = fixture_config(tmp_path)
+    prepare_corpus(config, tmp_path / "c")
+    before = {p: p.read_bytes() for p in (tmp_path / "c").rglob("*") if p.is_file()}
 
-    def failing(config):
-        def stream():
-            yield Document("ok-1", "first document")
-            raise OSError("disk vanished")
+    def failing(config, unit):
+        yield Document(f"ok-{unit.index}", "first document")
+        raise OSError("disk vanished")
 
-        return stream(), iter(())
-
-    monkeypatch.setattr(corpus_module, "stream_documents", failing)
+    monkeypatch.setattr(corpus_module, "unit_documents", failing)
     with pytest.raises(OSError, match="disk vanished"):
         prepare_corpus(config, tmp_path / "c")
-    assert [p for p in (tmp_path / "c").rglob("*") if p.is_file()] == []
+    assert {p: p.read_bytes() for p in (tmp_path / "c").rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no temporary directory left behind
 
 
 def test_prepare_corpus_drops_duplicate_texts_and_refuses_duplicate_ids(tmp_path):
@@ -103,7 +110,7 @@ def test_prepare_corpus_drops_duplicate_texts_and_refuses_duplicate_ids(tmp_path
     manifest = json.loads(prepare_corpus(config, tmp_path / "c").read_text())
     assert manifest["dropped"] == {"duplicate_text": [["y", "x"]], "empty": ["z"], "eval_overlap": []}
     config = fixture_config(tmp_path, stream_a_files=(str(path), str(path)))
-    with pytest.raises(ValueError, match="document id 'x' occurs twice"):
+    with pytest.raises(ValueError, match=r"document id 'x' occurs twice .*again in .*dup\.jsonl"):
         prepare_corpus(config, tmp_path / "d")
 
 

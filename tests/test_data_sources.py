@@ -6,11 +6,13 @@ from __future__ import annotations
 import gzip
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from data_helpers import A_FILES, B_FILES, FIXTURES
-from ue5m3.data import Corpus, DataConfig, Document, read_records, stream_documents
+from ue5m3.data import Corpus, DataConfig, Document, list_units, read_records, stream_documents
+from ue5m3.data.sources import OFFLINE_UNIT_ITEMS, unit_documents
 
 # ----- OLMo-mix record files -------------------------------------------------------------------------------------
 
@@ -78,3 +80,56 @@ def test_offline_corpus_streams_are_state_of_the_union_and_cpython_docs():
     assert a[0].text.startswith("Fellow-Citizens of the Senate and House of Representatives")
     assert [d.id for d in b] == ["cpython/topics/assert", "cpython/topics/assignment", "cpython/topics/async"]
     assert 'The "assert" statement' in b[0].text
+
+
+# ----- units -----------------------------------------------------------------------------------------------------
+
+
+def test_units_are_the_record_files_of_both_streams_in_source_order():
+    config = DataConfig(corpus=Corpus.OLMO_MIX, stream_a_files=A_FILES, stream_b_files=B_FILES)
+    units = list_units(config)
+    assert [(u.index, u.stream, Path(u.source).name) for u in units] == [
+        (0, "dclm", "shard-0000.jsonl"),
+        (1, "dclm", "shard-0001.jsonl"),
+        (2, "olmo_no_dclm", "arxiv-0000.jsonl"),
+        (3, "olmo_no_dclm", "starcoder-0000.jsonl"),
+    ]
+    a, b = stream_documents(config)
+    assert [d for u in units for d in unit_documents(config, u)] == list(a) + list(b)
+
+
+def test_hub_globs_become_one_unit_per_listed_file(monkeypatch):
+    listed = []
+
+    class FakeHfFileSystem:
+        def glob(self, path, detail):
+            listed.append(path)
+            files = {f"{path.rsplit('/', 1)[0]}/{name}": {"type": "file"} for name in ("b.jsonl.zst", "a.jsonl.zst")}
+            return files | {f"{path.rsplit('/', 1)[0]}/sub": {"type": "directory"}}
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(HfFileSystem=FakeHfFileSystem))
+    root = "hf://datasets/allenai/olmo-mix-1124@8162bd79c6dc4fea470506531a8d791badc06b4b/data"
+    config = DataConfig(
+        corpus=Corpus.OLMO_MIX,
+        stream_a_files=(f"{root}/dclm/*.jsonl.zst",),
+        stream_b_files=(f"{root}/wiki/x.jsonl.gz",),
+    )
+    units = list_units(config)
+    assert [u.source for u in units] == [
+        f"{root}/dclm/a.jsonl.zst",
+        f"{root}/dclm/b.jsonl.zst",
+        f"{root}/wiki/x.jsonl.gz",  # no glob: not listed
+    ]
+    assert listed == [f"{root.removeprefix('hf://')}/dclm/*.jsonl.zst"]
+
+
+def test_offline_units_are_blocks_of_source_items_read_in_stream_order():
+    config = DataConfig(corpus=Corpus.SOTU_CPYTHON)
+    units = list_units(config)
+    sotu = [u for u in units if u.stream == "sotu"]
+    assert [len(u.items) for u in sotu] == [64, 64, 64, 57]  # the 249 speeches
+    assert all(len(u.items) == OFFLINE_UNIT_ITEMS for u in units if u.stream == "cpython_docs" and u != units[-1])
+    a, b = stream_documents(DataConfig(corpus=Corpus.SOTU_CPYTHON, max_documents=70))
+    cpython = units[len(sotu)]
+    assert list(unit_documents(config, sotu[0])) + list(unit_documents(config, sotu[1]))[:6] == list(a)
+    assert list(unit_documents(config, cpython)) == list(b)[: len(cpython.items)]

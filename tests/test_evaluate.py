@@ -46,6 +46,19 @@ def test_nll_token_accounting_is_exact_and_matches_a_full_logits_cross_entropy(r
     assert loaded.units == 2 * len(validation)
 
 
+def test_nll_progress_logs_the_windows_and_the_running_nll(run, caplog, monkeypatch):
+    import logging
+
+    from ue5m3 import logs
+
+    monkeypatch.setattr(logs, "interactive", lambda: False)  # a log file, not a terminal
+    caplog.set_level(logging.INFO, logger="ue5m3.evaluation.nll")
+    run_dir, validation = run
+    result = sequence_nll(load_for_inference(run_dir, policy="current_tensor"), validation)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ue5m3.evaluation.nll"]
+    assert line.startswith(f"validation NLL: window 4/4, nll {result.nll:.5f}, tokens 256, ") and "window/s" in line
+
+
 def test_replay_depends_on_the_evaluation_order_and_current_tensor_does_not(run):
     run_dir, validation = run
     orders = evaluation_orders(len(validation), 2, seed=0)

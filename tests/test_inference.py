@@ -1,5 +1,6 @@
 """Post-load inference: policies, the work-unit counter, refused checkpoints, recipes and calibration sets."""
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import torch
 
 from ue5m3.data import Corpus, DataConfig, EvalSet, RandomTokenStream, build_data, open_data
 from ue5m3.evaluation.inference import InferencePolicy, InferenceScales, load_for_inference
+from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear
 from ue5m3.training import loop as train
 from ue5m3.training.checkpoint import CheckpointError
@@ -179,8 +181,14 @@ def test_a_mismatched_recipe_is_refused_naming_both(run):
     run_dir, _ = run
     with pytest.raises(ValueError, match="'ue5m3_b32'.*'ue5m3_b16'"):
         load_for_inference(run_dir, policy="current_tensor", recipe="ue5m3_b32")
-    same_scheme = load_for_inference(run_dir, policy="current_tensor", recipe="ue5m3_te_settings")
+    # the given recipe is resolved for the run's model: the final 8 layers do not fit the 2-layer debug model
+    with pytest.raises(ValueError, match=r"bf16_layers: selects the last 8 layers, but model 'dense_debug' has 2"):
+        load_for_inference(run_dir, policy="current_tensor", recipe="ue5m3_te_settings")
+    te_settings = recipes.get("ue5m3_te_settings")
+    te_settings = dataclasses.replace(te_settings, bf16_layers=recipes.LayerSelector(last=1))
+    same_scheme = load_for_inference(run_dir, policy="current_tensor", recipe=te_settings)
     assert same_scheme.identity["recipe"] == "ue5m3_te_settings"
+    assert type(same_scheme.model.get_submodule("model.layers.1.mlp.up_proj")) is torch.nn.Linear  # its BF16 layer
 
 
 def test_bf16_policy_on_a_quantized_run_must_be_forced(run):

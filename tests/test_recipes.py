@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from pathlib import Path
 
@@ -11,11 +12,24 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from recipe_helpers import eight_b, for_8b
+from ue5m3 import models
 from ue5m3.layers import recipes
-from ue5m3.layers.recipes import GemmConfig, GemmModel, Operand, Recipe, RoleConfig, TargetOverride
+from ue5m3.layers.recipes import (
+    GemmConfig,
+    GemmModel,
+    LayerKind,
+    LayerSelector,
+    ModelLayers,
+    Operand,
+    Recipe,
+    RoleConfig,
+    TargetOverride,
+)
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.quantize import SCHEMES
 from ue5m3.numerics.scaling import OperandRole
+from ue5m3.training.config import model_layers
 
 # The paper's quantizer call order per linear per training step (gemm spec section 1).
 CALL_ORDER = (
@@ -103,7 +117,7 @@ def test_proposed_recipe_settings():
 
 @pytest.mark.parametrize("name", ["ue5m3_b16", "ue5m3_b32", "ue5m3_torch_control"])
 def test_override_sets_2048_only_on_wgrad_dy_of_the_named_modules(name):
-    r = recipes.get(name)
+    r = for_8b(name)
     specs = r.operand_specs("backbone.layers.45.mixer.down_proj", 45)
     assert {o: s.target for o, s in specs.items()} == {
         o: (2048.0 if o is Operand.WGRAD_UPSTREAM_GRADIENT else 448.0) for o in Operand
@@ -123,14 +137,15 @@ def test_first_matching_override_wins():
     base["target_overrides"].insert(
         0, {"operand": "wgrad_upstream_gradient", "module": "*down_proj", "layers": [45], "target": 1024.0}
     )
-    r = Recipe.from_dict(base)
+    r = Recipe.from_dict(base).for_model(eight_b())
     assert r.operand_specs("m.down_proj", 45)[Operand.WGRAD_UPSTREAM_GRADIENT].target == 1024.0
     assert r.operand_specs("m.mixer.down_proj", 47)[Operand.WGRAD_UPSTREAM_GRADIENT].target == 2048.0
 
 
 @pytest.mark.parametrize("name", ["ue5m3_te_settings", "nvfp4_te"])
 def test_te_style_recipes_put_rht_only_on_wgrad_slots_and_keep_late_layers_bf16(name):
-    r = recipes.get(name)
+    assert recipes.get(name).bf16_layers == LayerSelector(last=8)
+    r = for_8b(name)
     assert r.interval == 1 and r.bf16_layers == LATE_LAYERS and r.target_overrides == ()
     specs = r.operand_specs("backbone.layers.0.mixer.in_proj", 0)
     assert {o for o, s in specs.items() if s.rht} == {Operand.WGRAD_UPSTREAM_GRADIENT, Operand.WGRAD_ACTIVATION}
@@ -176,6 +191,14 @@ def _delete(*path):
         for key in parents:
             d = d[key]
         del d[last]
+
+    return mutate
+
+
+def _both(*mutations):
+    def mutate(d):
+        for m in mutations:
+            m(d)
 
     return mutate
 
@@ -284,21 +307,55 @@ BAD = {
     ),
     "bool interval": ("ue5m3_b16", _set(("interval",), True), TypeError, "interval", "bool"),
     "zero interval": ("ue5m3_b16", _set(("interval",), 0), ValueError, "interval", "0"),
-    "float layer": ("ue5m3_te_settings", _set(("bf16_layers", 0), 44.0), TypeError, "bf16_layers[0]", "44.0"),
+    "float layer": ("ue5m3_te_settings", _set(("bf16_layers",), [44.0, 45]), TypeError, "bf16_layers[0]", "44.0"),
     "negative override layer": (
         "ue5m3_b16",
-        _set(("target_overrides", 0, "layers", 0), -1),
+        _set(("target_overrides", 0, "layers"), [-1, 45]),
         ValueError,
         "target_overrides[0].layers[0]",
         "-1",
     ),
+    "empty override layers": (
+        "ue5m3_b16",
+        _set(("target_overrides", 0, "layers"), []),
+        ValueError,
+        "target_overrides[0].layers",
+        "at least one",
+    ),
     "override on a bf16 layer": (
         "ue5m3_b16",
-        _set(("bf16_layers",), [47]),
+        _both(_set(("bf16_layers",), [47]), _set(("target_overrides", 0, "layers"), [45, 47])),
         ValueError,
         "target_overrides[0].layers",
         "[47]",
     ),
+    "selector without kind": ("nvfp4_te", _delete("bf16_layers", "kind"), ValueError, "bf16_layers", "['kind']"),
+    "selector unknown key": (
+        "nvfp4_te",
+        _set(("bf16_layers", "of"), "mamba"),
+        ValueError,
+        "bf16_layers",
+        "unknown keys ['of']",
+    ),
+    "selector unknown kind": (
+        "ue5m3_b16",
+        _set(("target_overrides", 0, "layers", "kind"), "mlps"),
+        ValueError,
+        "target_overrides[0].layers.kind",
+        "'mlp'",
+    ),
+    "selector negative count": ("nvfp4_te", _set(("bf16_layers", "last"), -8), ValueError, "bf16_layers.last", "-8"),
+    "selector bool count": ("nvfp4_te", _set(("bf16_layers", "first"), True), TypeError, "bf16_layers.first", "True"),
+    "selector float count": ("nvfp4_te", _set(("bf16_layers", "last"), 8.0), TypeError, "bf16_layers.last", "8.0"),
+    "selector of no layer": ("nvfp4_te", _set(("bf16_layers", "last"), 0), ValueError, "bf16_layers.last", "no layer"),
+    "selector on bf16": (
+        "bf16",
+        _set(("bf16_layers",), {"first": 0, "last": 8, "kind": None}),
+        ValueError,
+        "bf16_layers",
+        "BF16",
+    ),
+    "string layers": ("nvfp4_te", _set(("bf16_layers",), "last 8"), TypeError, "bf16_layers", "'last 8'"),
     "gemm not a mapping": ("ue5m3_b16", _set(("gemm",), ["probe_matched"]), TypeError, "gemm", "list"),
     "string two_d": ("ue5m3_b16", _set(("roles", "weight", "two_d"), "yes"), TypeError, "roles.weight.two_d", "'yes'"),
     "two_d on activation": (
@@ -401,6 +458,10 @@ def test_dump_replaces_an_existing_file(tmp_path):
 
 _targets = st.floats(min_value=0.0, exclude_min=True, allow_infinity=False, allow_nan=False)
 _layers = st.lists(st.integers(0, 200), unique=True, max_size=6).map(tuple)
+_kinds = st.none() | st.sampled_from(list(LayerKind))
+_selectors = st.builds(LayerSelector, first=st.integers(0, 8), last=st.integers(1, 8), kind=_kinds) | st.builds(
+    LayerSelector, first=st.integers(1, 8), last=st.just(0), kind=_kinds
+)
 
 
 @st.composite
@@ -433,17 +494,18 @@ def _recipes(draw):
         )
         for role in OperandRole
     }
-    bf16_layers = draw(_layers)
+    bf16_layers = draw(_layers | _selectors)
     overrides = ()
     if scaled and not native:
-        free = st.integers(0, 200).filter(lambda x: x not in bf16_layers)
+        taken = bf16_layers if isinstance(bf16_layers, tuple) else ()
+        free = st.integers(0, 200).filter(lambda x: x not in taken)
         overrides = draw(
             st.lists(
                 st.builds(
                     TargetOverride,
                     operand=st.sampled_from(list(Operand)),
                     module=st.text(min_size=1, max_size=20),
-                    layers=st.lists(free, min_size=1, max_size=4, unique=True).map(tuple),
+                    layers=st.lists(free, min_size=1, max_size=4, unique=True).map(tuple) | _selectors,
                     target=_targets,
                 ),
                 max_size=3,
@@ -483,3 +545,137 @@ def test_recipe_gemm_models_are_the_gemm_layers_output_models_plus_bf16():
     from ue5m3.numerics.gemm import OutputModel
 
     assert {m.value for m in GemmModel} == {m.value for m in OutputModel} | {"bf16"}
+
+
+# ----- layers named relative to the model's depth --------------------------------------------------------
+
+# What the packaged recipes named by absolute index before they counted layers from the model's end.
+FORMER_BF16_LAYERS = {"nvfp4_te": LATE_LAYERS, "ue5m3_te_settings": LATE_LAYERS}
+FORMER_OVERRIDE_LAYERS = {name: LATE_LAYERS for name in ("ue5m3_b16", "ue5m3_b32", "ue5m3_torch_control")}
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_packaged_recipes_resolve_at_8b_to_exactly_the_absolute_layers_they_named_before(name):
+    """The resolved recipe is what a run's identity holds, so the 8B runs' identities do not change."""
+    recipe = recipes.get(name)
+    assert recipe.is_relative == (name in FORMER_BF16_LAYERS or name in FORMER_OVERRIDE_LAYERS)
+    expected = recipe.to_dict()
+    if name in FORMER_BF16_LAYERS:
+        expected["bf16_layers"] = list(FORMER_BF16_LAYERS[name])
+    for override in expected["target_overrides"]:
+        override["layers"] = list(FORMER_OVERRIDE_LAYERS[name])
+    resolved = for_8b(recipe)
+    assert resolved.to_dict() == expected and not resolved.is_relative
+    assert resolved.for_model(eight_b()) == resolved  # resolving again changes nothing
+
+
+CPU_PATTERN = "*-M-M-M-M-M-"  # config/config.yaml's training model: the 8B model's final 12 blocks
+
+
+@pytest.mark.parametrize(
+    ("model", "overrides", "final_8", "final_4_mlp"),
+    [
+        ("nemotron_h_8b", {}, tuple(range(44, 52)), (45, 47, 49, 51)),
+        ("dense_1p2b", {}, tuple(range(12, 20)), (16, 17, 18, 19)),
+        ("dense_350m", {}, tuple(range(8, 16)), (12, 13, 14, 15)),
+        ("nemotron_h_cpu", {}, tuple(range(1, 9)), (1, 3, 6, 8)),
+        ("nemotron_h_debug", {"hybrid_override_pattern": CPU_PATTERN}, tuple(range(4, 12)), (5, 7, 9, 11)),
+    ],
+    ids=["8b", "1.2b", "350m", "cpu", "cpu-training"],
+)
+def test_selectors_count_from_the_end_of_each_model(model, overrides, final_8, final_4_mlp):
+    layers = model_layers(model, overrides)
+    assert LayerSelector(last=8).select(layers) == final_8
+    assert LayerSelector(last=4, kind=LayerKind.MLP).select(layers) == final_4_mlp
+    assert for_8b("nvfp4_te").bf16_layers == LATE_LAYERS
+    assert recipes.get("nvfp4_te").for_model(layers).bf16_layers == final_8
+
+
+def test_first_and_last_combine_and_a_kind_counts_only_the_layers_holding_it():
+    layers = eight_b()
+    assert layers.summary() == "52 layers: 24 mamba, 4 attention, 24 mlp"
+    assert LayerSelector(first=2, last=8).select(layers) == (0, 1, *range(44, 52))
+    assert LayerSelector(first=2, kind=LayerKind.MAMBA).select(layers) == (0, 2)
+    assert LayerSelector(last=4, kind=LayerKind.ATTENTION).select(layers) == (7, 18, 29, 40)
+    assert LayerSelector(first=26, last=26).select(layers) == tuple(range(52))  # every layer, exactly
+    assert LayerSelector(last=4, kind=LayerKind.MLP).describe() == "the last 4 'mlp' layers"
+
+
+def test_the_final_8_layers_and_the_final_4_mlp_layers_select_the_same_8b_down_projections():
+    """The file's {last: 8} says what the paper's "layers 45, 47, 49, 51 down_proj" means at 8B."""
+    from ue5m3.layers.linear import layer_index
+
+    base = recipes.get("ue5m3_b16")
+    mlp_override = dataclasses.replace(base.target_overrides[0], layers=LayerSelector(last=4, kind=LayerKind.MLP))
+    by_kind = dataclasses.replace(base, target_overrides=(mlp_override,)).for_model(eight_b())
+    by_depth = for_8b(base)
+    assert by_kind.target_overrides[0].layers == (45, 47, 49, 51)
+    for name in eight_b().linears:
+        assert by_kind.operand_specs(name, layer_index(name)) == by_depth.operand_specs(name, layer_index(name))
+
+
+def test_a_selection_the_model_cannot_hold_is_refused_naming_the_key_the_model_and_its_depth():
+    debug = model_layers("nemotron_h_debug")
+    with pytest.raises(
+        ValueError,
+        match=r"^bf16_layers: selects the last 8 layers, but model 'nemotron_h_debug' has 7 layers: 3 mamba, "
+        r"1 attention, 3 mlp.*\(recipe 'nvfp4_te' for model 'nemotron_h_debug'\)$",
+    ):
+        recipes.get("nvfp4_te").for_model(debug)
+    base = recipes.get("ue5m3_b16")
+    mlp_override = dataclasses.replace(base.target_overrides[0], layers=LayerSelector(last=4, kind=LayerKind.MLP))
+    with pytest.raises(ValueError, match=r"^target_overrides\[0\]\.layers: selects the last 4 'mlp' layers, but .* 7"):
+        dataclasses.replace(base, target_overrides=(mlp_override,)).for_model(debug)
+    beyond = dataclasses.replace(recipes.get("nvfp4_te"), bf16_layers=(3, 7))
+    with pytest.raises(ValueError, match=r"^bf16_layers\[1\]: layer 7 does not exist in model 'nemotron_h_debug'"):
+        beyond.for_model(debug)
+    assert dataclasses.replace(beyond, bf16_layers=(3, 6)).for_model(debug).bf16_layers == (3, 6)
+
+
+def test_a_relative_recipe_decides_for_a_numbered_layer_only_once_resolved():
+    te = recipes.get("nvfp4_te")
+    assert te.is_bf16_layer(None) is False
+    with pytest.raises(ValueError, match=r"^bf16_layers: the last 8 layers depend on the model's depth.*for_model"):
+        te.is_bf16_layer(45)
+    b16 = recipes.get("ue5m3_b16")
+    assert b16.operand_specs("backbone.layers.45.mixer.up_proj", 45)  # not the override's module: no question
+    with pytest.raises(ValueError, match=r"^target_overrides\[0\]\.layers: the last 8 layers depend .*'ue5m3_b16'"):
+        b16.operand_specs("backbone.layers.45.mixer.down_proj", 45)
+
+
+def test_an_override_no_linear_of_the_model_matches_is_left_out_when_resolved():
+    dense = model_layers("dense_350m")
+    base = recipes.get("ue5m3_b16")
+    assert base.for_model(dense).target_overrides == ()  # *.mixer.down_proj: a Nemotron-H module name
+    control = dataclasses.replace(base.target_overrides[0], module="*.mlp.down_proj", layers=LayerSelector(last=4))
+    resolved = dataclasses.replace(base, target_overrides=(control,)).for_model(dense)
+    assert resolved.target_overrides[0].layers == (12, 13, 14, 15)  # the paper's 350M control
+
+
+def test_a_resolved_override_on_a_bf16_layer_is_refused():
+    r = dataclasses.replace(recipes.get("ue5m3_b16"), bf16_layers=LayerSelector(last=1))
+    with pytest.raises(
+        ValueError, match=r"^target_overrides\[0\]\.layers: layers \[51\] are in bf16_layers.*'nemotron_h_8b'"
+    ):
+        r.for_model(eight_b())
+
+
+def test_selectors_and_model_layers_refuse_bad_values():
+    with pytest.raises(TypeError, match="kind"):
+        LayerSelector(last=8, kind="mlp")
+    with pytest.raises(ValueError, match="no layer"):
+        LayerSelector()
+    with pytest.raises(TypeError, match="last"):
+        LayerSelector(last=True)
+    with pytest.raises(ValueError, match=r"kinds\[1\]"):
+        ModelLayers(model="m", kinds=({"mamba"}, {"moe"}), linears=())
+    with pytest.raises(ValueError, match=r"kinds\[0\]"):
+        ModelLayers(model="m", kinds=("mamba",), linears=())
+    with pytest.raises(TypeError, match="ModelLayers"):
+        recipes.get("nvfp4_te").for_model(52)
+
+
+@pytest.mark.parametrize("name", models.names())
+def test_every_models_layer_kinds_are_layer_kinds(name):
+    kinds = models.layer_kinds(models.config(name))
+    assert len(kinds) == len(models.blocks(models.build(name))) and set().union(*kinds) <= set(LayerKind)

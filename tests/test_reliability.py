@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_train import LAST_LAYER_BF16
 from test_train import _config as train_config
 from ue5m3.data import RandomTokenStream
 from ue5m3.training import checkpoint
@@ -51,7 +52,7 @@ def _same(a: dict, b: dict) -> bool:
         ({"steps": 6}, "steps: checkpoint 2, config 6"),
         ({"micro_batch": 4}, "global_micro_batch"),
         ({"seed": 4}, "seed: checkpoint 3, config 4"),
-        ({"recipe": "nvfp4_te"}, "recipe.name"),
+        ({"recipe": "nvfp4_te", "recipe_overrides": LAST_LAYER_BF16}, "recipe.name"),
         ({"recipe": "bf16"}, "recipe.gemm.model"),
         ({"model_overrides": {"hidden_size": 64}}, "model_config.hidden_size: checkpoint 128, config 64"),
         ({"cold_scale_resume": True}, "cold_scale_resume"),
@@ -299,6 +300,10 @@ def test_a_run_stopped_after_its_last_checkpoint_writes_only_the_final_record_on
     assert record["step"] == 4 and _same(_model_state(cfg.run_dir), state)
 
 
-def test_recipe_layers_the_model_does_not_have_are_reported(tmp_path):
-    with pytest.warns(UserWarning, match=r"'nvfp4_te' names layers \[44, .* 'dense_debug' with 2 layers"):
+def test_recipe_layers_the_model_does_not_have_are_refused_naming_the_key_and_the_depth(tmp_path):
+    final_8 = r"recipe: bf16_layers: selects the last 8 layers, but model 'dense_debug' has 2 layers"
+    with pytest.raises(ValueError, match=final_8):
         _config(tmp_path, recipe="nvfp4_te")
+    beyond = {"bf16_layers": [1, 44]}
+    with pytest.raises(ValueError, match=r"recipe: bf16_layers\[1\]: layer 44 does not exist in model 'dense_debug'"):
+        _config(tmp_path, recipe="nvfp4_te", recipe_overrides=beyond)

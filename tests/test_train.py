@@ -13,6 +13,9 @@ from ue5m3.training import checkpoint
 from ue5m3.training import loop as train
 from ue5m3.training.config import OptimConfig, TrainConfig
 
+# The NVIDIA recipes keep the final 8 layers in BF16; the 2-layer debug model keeps its final one.
+LAST_LAYER_BF16 = {"bf16_layers": {"first": 0, "last": 1, "kind": None}}
+
 
 def _config(tmp_path, recipe="ue5m3_b16", steps=6, **kw):
     values = dict(
@@ -182,16 +185,61 @@ def test_native_te_execution_fails_closed_without_a_blackwell_gpu(tmp_path):
         pass
     else:
         pytest.skip("a Blackwell GPU with Transformer Engine is present")
+    cfg = _config(tmp_path, recipe="nvfp4_te", recipe_overrides=LAST_LAYER_BF16, steps=1, execution="native_te")
     with pytest.raises(native_te.NativeUnavailable):
-        train.train(_config(tmp_path, recipe="nvfp4_te", steps=1, execution="native_te"), TokenStream(4096, 64))
-    assert not (tmp_path / "run" / "checkpoints").exists()
+        train.train(cfg, TokenStream(4096, 64))
+    assert not (tmp_path / "run").exists()  # refused before the run directory (or its lock) is made
+
+
+def test_native_execution_is_refused_for_a_recipe_without_a_native_path(tmp_path):
+    with pytest.raises(ValueError, match=r"execution: recipe 'ue5m3_b16' has no native Transformer Engine path"):
+        _config(tmp_path, recipe="ue5m3_b16", steps=1, execution="native_te")
+
+
+def test_data_parallel_is_checked_and_auto_follows_the_execution_path(tmp_path):
+    nvfp4 = {"recipe": "nvfp4_te", "recipe_overrides": LAST_LAYER_BF16, "steps": 1}
+    assert _config(tmp_path, **nvfp4).parallelism == "fsdp2"
+    assert _config(tmp_path, **nvfp4, execution="native_te").parallelism == "ddp"
+    with pytest.raises(ValueError, match="data_parallel: must be one of"):
+        _config(tmp_path, recipe="bf16", steps=1, data_parallel="zero3")
+    with pytest.raises(ValueError, match="data_parallel: 'fsdp2' with execution 'native_te'"):
+        _config(tmp_path, **nvfp4, execution="native_te", data_parallel="fsdp2")
 
 
 def test_final_record_says_the_run_was_emulated(tmp_path):
-    final = train.train(_config(tmp_path, recipe="nvfp4_te", steps=1), TokenStream(4096, 64))
+    cfg = _config(tmp_path, recipe="nvfp4_te", recipe_overrides=LAST_LAYER_BF16, steps=1)
+    final = train.train(cfg, TokenStream(4096, 64))
     assert json.loads(final.read_text())["execution"] == {
         "execution": "emulated",
         "gemm_model": "probe_matched",
         "recipe": "nvfp4_te",
         "backend": "auto",
     }
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4_te", "ue5m3_b16"])
+def test_the_cpu_scale_runs_keep_the_final_8_layers_in_bf16_and_override_their_down_projections(recipe):
+    """config/config.yaml's main runs exercise the recipes' final-layer rules as the 8B runs do."""
+    from ue5m3 import config as config_loader
+    from ue5m3 import workflow_config
+    from ue5m3.layers.linear import QuantLinear
+    from ue5m3.layers.recipes import Operand
+
+    pipeline = config_loader.read_yaml(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
+    cfg = TrainConfig.from_dict(workflow_config.run_settings(pipeline, "main", recipe, 1))
+    model, records = train.build_model(cfg, cfg.resolved_recipe(), torch.device("cpu"))
+    exempt = {r.layer for r in records if r.status == "bf16_exempt"}
+    converted = {r.layer for r in records if r.status == "converted"}
+    if recipe == "nvfp4_te":  # 16 BF16 linears in the final 8 blocks, as at 8B; every kind in FP4 before them
+        assert exempt == set(range(4, 12)) and converted == set(range(4))
+        assert sum(r.status == "bf16_exempt" for r in records) == 16
+    else:
+        assert exempt == set() and converted == set(range(12))
+    down_projections = {
+        r.layer: model.get_submodule(r.name).policy.operands[Operand.WGRAD_UPSTREAM_GRADIENT].target
+        for r in records
+        if r.name.endswith("mixer.down_proj") and isinstance(model.get_submodule(r.name), QuantLinear)
+    }
+    # the T = 2048 override reaches the down projections of the final 8 blocks (those of nvfp4_te are BF16)
+    late = {} if recipe == "nvfp4_te" else {5: 2048.0, 7: 2048.0, 9: 2048.0, 11: 2048.0}
+    assert down_projections == {1: 448.0, 3: 448.0, **late}

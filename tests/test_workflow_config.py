@@ -61,10 +61,31 @@ BAD = {
         {"operand": "wgrad_upstream_gradient", "module": "*.mlp.down_proj", "layers": [3, 9], "target": 2048.0},
         "control.override.layers[1]",
     ),
+    "override selector beyond depth": (
+        "control.override.layers",
+        {"first": 0, "last": 5, "kind": None},
+        "control (override): its run: recipe: target_overrides[0].layers: selects the last 5 layers, but model "
+        "'dense_debug' has 4 layers",
+    ),
+    "override selector key": ("control.override.layers", {"last": 2}, "missing keys ['first', 'kind']"),
+    "training model too shallow for the final 8 layers": (
+        "training.model_overrides",
+        {"vocab_size": 4096},
+        "training.recipes[3]: its run: recipe: bf16_layers: selects the last 8 layers, but model 'nemotron_h_debug' "
+        "has 7 layers",
+    ),
     "witness module": ("identification.witness.module", "model.layers.7.mlp.down_proj", "identification.witness"),
     "witness seed": ("identification.witness.seed", 5, "identification.witness.seed"),
     "data key": ("data.vocab", 4096, "data: unknown keys ['vocab']"),
+    "zero data parts": ("data.prepare_parts", 0, "data.prepare_parts: must be >= 1, got 0"),
+    "data parts without tokenizer": ("data.prepare_parts", 4, "data.prepare_parts: 4 parts need a fixed tokenizer"),
     "accumulation value": ("accumulation.slice_width", "64", "accumulation.slice_width"),
+    "native run of no recipe": ("training.execution", {"nvfp4_tee": "native_te"}, "training.execution.nvfp4_tee"),
+    "native run without a native path": (
+        "training.execution",
+        {"ue5m3_b16": "native_te"},
+        "execution: recipe 'ue5m3_b16' has no native Transformer Engine path",
+    ),
     "corpus key": ("identification.corpora.nvfp4", {"scheme": "nvfp4", "seeds": 3}, "identification.corpora.nvfp4"),
 }
 
@@ -106,3 +127,69 @@ def test_kept_checkpoints_follow_the_trainers_pruning_rule():
     assert workflow_config.kept_checkpoints(150, 25, 25, 2) == {25, 50, 75, 100, 125, 150}
     assert workflow_config.kept_checkpoints(150, 50, 0, 2) == {100, 150}
     assert workflow_config.kept_checkpoints(10, 4, 0, 1) == {10}
+
+
+def test_the_paper_runs_the_two_nvidia_baselines_natively_and_the_rest_emulated():
+    cfg = _paper()
+    executions = {r: workflow_config.run_settings(cfg, "main", r, 42)["execution"] for r in cfg["training"]["recipes"]}
+    assert {r for r, e in executions.items() if e == "native_te"} == {"nvfp4_te", "nvfp4_no_rht_all_linears"}
+    assert workflow_config.run_settings(cfg, "control", "t448", 42)["execution"] == "emulated"
+    assert workflow_config.run_settings(_default(), "main", "nvfp4_te", 1)["execution"] == "emulated"
+
+
+def test_the_override_control_and_the_parity_run_name_their_models_final_layers():
+    from ue5m3.numerics.formats import Rounding
+    from ue5m3.numerics.scaling import OperandRole
+    from ue5m3.training.config import TrainConfig
+
+    def resolved(settings):
+        return TrainConfig.from_dict(settings).resolved_recipe()
+
+    cpu, paper = _default(), _paper()
+    assert resolved(workflow_config.run_settings(cpu, "control", "override", 1)).target_overrides[0].layers == (2, 3)
+    control = resolved(workflow_config.run_settings(paper, "control", "override", 42))
+    assert control.target_overrides[0].layers == (12, 13, 14, 15)  # the paper's 350M control
+    assert resolved(workflow_config.run_settings(paper, "control", "t448", 42)).target_overrides == ()
+    parity = resolved(workflow_config.parity_settings(paper, "native_vs_emulator_1p2b"))
+    assert parity.bf16_layers == (16, 17, 18, 19)  # 96 FP4 + 24 BF16 linears of the 1.2B model
+    assert parity.roles[OperandRole.UPSTREAM_GRADIENT].rounding is Rounding.RNE  # SR off
+    main = resolved(workflow_config.run_settings(paper, "main", "nvfp4_te", 42))
+    assert main.bf16_layers == tuple(range(44, 52))
+
+
+def test_an_hf_uri_without_a_pinned_commit_is_refused():
+    cfg = _paper()
+    cfg["data"]["stream_b_files"] = [*cfg["data"]["stream_b_files"], "hf://datasets/allenai/olmo-mix-1124/data/x/*.gz"]
+    with pytest.raises(config.ConfigError, match=r"data\.stream_b_files\[6\]: .* names no commit"):
+        workflow_config.check(cfg)
+
+
+def test_the_paper_pins_its_hub_files():
+    cfg = _paper()
+    uris = cfg["data"]["stream_a_files"] + cfg["data"]["stream_b_files"]
+    assert all("@8162bd79c6dc4fea470506531a8d791badc06b4b/" in uri for uri in uris)
+    assert cfg["tokenizer_source"]["repo"] and cfg["data"]["tokenizer_path"]
+    assert _default()["tokenizer_source"] is None  # the CPU config downloads nothing
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"revision": "main"}, "tokenizer_source.revision: expected a full commit hash"),
+        ({"sha256": "abc"}, "tokenizer_source.sha256"),
+        ({"branch": "main"}, "unknown keys ['branch']"),
+    ],
+)
+def test_a_bad_tokenizer_source_is_refused(change, expected):
+    cfg = _paper()
+    cfg["tokenizer_source"] = {**cfg["tokenizer_source"], **change}
+    with pytest.raises(config.ConfigError) as err:
+        workflow_config.check(cfg)
+    assert expected in str(err.value)
+
+
+def test_a_tokenizer_source_needs_a_tokenizer_path():
+    cfg = _default()
+    cfg["tokenizer_source"] = {"repo": "a/b", "revision": None, "file": "tokenizer.json", "sha256": None}
+    with pytest.raises(config.ConfigError, match="data.tokenizer_path: tokenizer_source is set"):
+        workflow_config.check(cfg)

@@ -143,6 +143,16 @@ def _type_error(value: Any, tp: Any, source: str, path: str) -> ConfigError:
     return ConfigTypeError(f"{_where(source, path)}: expected {_describe(tp)}, got {type(value).__name__} {value!r}")
 
 
+def _same_container(value: Any, tp: Any) -> bool:
+    """Whether ``value`` is a list and ``tp`` a list type, or ``value`` a mapping and ``tp`` a mapping or dataclass."""
+    origin = typing.get_origin(tp)
+    if isinstance(value, list | tuple):
+        return origin in (tuple, list, Sequence) or tp in (tuple, list)
+    if isinstance(value, Mapping):
+        return dataclasses.is_dataclass(tp) or origin in (dict, Mapping) or tp in (dict, Mapping)
+    return False
+
+
 def _convert(value: Any, tp: Any, source: str, path: str, complete: bool = False) -> Any:
     """``value`` checked against ``tp`` and converted (lists to tuples, strings to enum members)."""
     if tp is Any:
@@ -152,13 +162,18 @@ def _convert(value: Any, tp: Any, source: str, path: str, complete: bool = False
         if value is None and type(None) in args:
             return None
         errors = []
+        shaped = []  # the errors of alternatives whose container kind (list or mapping) the value has
         for arg in (a for a in args if a is not type(None)):
             try:
                 return _convert(value, arg, source, path, complete)
             except ConfigError as exc:
                 errors.append(exc)
+                if _same_container(value, arg):
+                    shaped.append(exc)
         if len(errors) == 1 and not isinstance(errors[0], ConfigTypeError):
             raise errors[0]  # the right type, a wrong value: that alternative's own message
+        if len(shaped) == 1:
+            raise shaped[0]  # a list where a list or a mapping belongs: the list's own (inner) problem
         raise _type_error(value, tp, source, path)
     if tp is type(None):
         if value is not None:

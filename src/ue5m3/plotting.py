@@ -12,13 +12,18 @@ side is drawn (the paper in grey/black hollow markers, ours in colour) so every 
 Every notebook starts with :func:`notebook_setup`: it applies the style and binds the notebook's path
 parameters to the Snakemake rule's inputs and outputs, or resolves their defaults from the repository root
 when the notebook runs by hand.
+
+Every figure carries a caption (:func:`add_caption`) with the settings it was made with, read from the results'
+provenance, beside the paper's (:func:`scale_caption`), so a reader sees at once whether ours ran at CPU scale
+or at the paper's.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import MutableMapping
+import textwrap
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +218,68 @@ def format_number(value: float) -> str:
     if magnitude >= 100:
         return f"{value:,.0f}"
     return f"{value:.4g}"
+
+
+def _setting(value: Any) -> str:
+    """One setting's value as caption text: numbers by :func:`format_number`, ints with separators, lists joined."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value.is_integer() and abs(value) >= 1 else format_number(value)
+    if isinstance(value, list | tuple):
+        return ", ".join(map(_setting, value))
+    return str(value)
+
+
+def scale_caption(ours: Mapping[str, Any], paper: Mapping[str, Any]) -> str:
+    """Two caption lines: our settings (read from the results' provenance) and the paper's, with the scale named.
+
+    Our line says "CPU scale" when any setting both sides name differs, "paper scale" when all agree, so the
+    caption stays true when the pipeline runs ``config/paper.yaml``. Keys are the labels printed.
+
+    Args:
+        ours: label -> value of our run, e.g. ``{"model": "nemotron_h_debug", "steps": 150}``.
+        paper: label -> value of the paper's run, same labels (those only one side has are printed, not compared).
+
+    Returns:
+        E.g. ``"ours (CPU scale): model nemotron_h_debug, steps 150\npaper: model nemotron_h_8b, steps 30,000"``.
+    """
+    shared = [key for key in ours if key in paper]
+    same = all(_setting(ours[key]) == _setting(paper[key]) for key in shared)
+    scale = "paper scale" if same else "CPU scale"
+
+    def line(settings: Mapping[str, Any]) -> str:
+        return ", ".join(f"{key} {_setting(value)}" for key, value in settings.items())
+
+    return f"ours ({scale}): {line(ours)}\npaper: {line(paper)}"
+
+
+CAPTION_FONTSIZE = 6.5
+"""Font size of :func:`add_caption` (points)."""
+
+
+def add_caption(fig: Figure, text: str) -> None:
+    """Write ``text`` under the axes of a constrained-layout figure, in the space it reserves there.
+
+    Each paragraph (newline-separated) is wrapped to the figure's width; the layout's rectangle is shrunk from
+    below by the caption's height, so axes, tick labels and legends never overlap it. Call it once per figure,
+    before saving.
+
+    Args:
+        fig: a figure with the constrained layout of :data:`STYLE`.
+        text: the caption; paragraphs separated by newlines.
+
+    Raises:
+        ValueError: the figure has no constrained layout (its axes would not make room).
+    """
+    engine = fig.get_layout_engine()
+    if engine is None or not hasattr(engine, "set") or "rect" not in engine.get():
+        raise ValueError("add_caption needs a constrained-layout figure; apply the style (notebook_setup) first")
+    # DejaVu Sans averages about 0.56 em per character of prose: 0.6 leaves a margin on the right
+    width_chars = max(20, int(0.97 * fig.get_figwidth() * 72 / (0.6 * CAPTION_FONTSIZE)))
+    lines = [wrapped for paragraph in text.splitlines() for wrapped in textwrap.wrap(paragraph, width_chars) or [""]]
+    height = (len(lines) * CAPTION_FONTSIZE * 1.25 + 4) / 72 / fig.get_figheight()  # a fraction of the figure
+    engine.set(rect=(0.0, height, 1.0, 1.0 - height))
+    fig.text(0.01, height, "\n".join(lines), ha="left", va="top", fontsize=CAPTION_FONTSIZE, color="0.3")

@@ -5,7 +5,9 @@ neither checks is done here, at the Snakefile's first line of Python:
 
 * duplicate keys, in every config file given;
 * every stage section, through that stage's own strict loader (range analysis, accumulation, data, probe corpora,
-  grid control);
+  grid control, each throughput run);
+* the hub files of the data path are pinned: ``tokenizer_source`` (its strict loader, and a ``data.tokenizer_path``
+  to write to) and a commit in every ``hf://`` data URI;
 * every training run the DAG will start, built exactly as the rules build it (:func:`run_settings`), through the
   trainer's strict loader: models, model overrides, recipes, optimizer settings and seeds;
 * cross-references: each trained recipe has an inference policy, the sensitivity, snapshot and downstream recipes
@@ -30,6 +32,7 @@ __all__ = [
     "check_files",
     "run_settings",
     "parity_settings",
+    "throughput_settings",
     "kept_checkpoints",
     "launcher",
     "CONTROL_VARIANTS",
@@ -65,6 +68,7 @@ def run_settings(cfg: Mapping[str, Any], group: str, variant: str, seed: int | s
     section = cfg["training"] if main else cfg["control"]
     keys = ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every", "keep_every", "optim")
     return {
+        "execution": run_execution(cfg, group, variant),
         "run_dir": run_dir(cfg, group, variant, seed),
         "model": section["model"],
         "model_overrides": section["model_overrides"],
@@ -74,6 +78,14 @@ def run_settings(cfg: Mapping[str, Any], group: str, variant: str, seed: int | s
         "data": cfg["data"],
         **{key: section[key] for key in keys},
     }
+
+
+def run_execution(cfg: Mapping[str, Any], group: str, variant: str) -> str:
+    """``emulated`` or ``native_te``: the main runs take it from ``training.execution`` (per recipe), the control's
+    are emulated."""
+    if group != "main":
+        return "emulated"
+    return cfg["training"].get("execution", {}).get(variant, "emulated")
 
 
 def parity_settings(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -94,6 +106,30 @@ def parity_settings(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         "checkpoint_every": entry["steps"],
         "keep_every": 0,
         "optim": cfg["training"]["optim"],
+    }
+
+
+THROUGHPUT_RUN_KEYS = ("execution", "device", "recipes")
+THROUGHPUT_SHARED_KEYS = (
+    "model",
+    "model_overrides",
+    "batch_size",
+    "sequence_length",
+    "warmup_steps",
+    "measured_steps",
+    "seed",
+)
+
+
+def throughput_settings(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The settings of one throughput run (``ue5m3 throughput`` loads them with its strict loader): the section's
+    shared settings and the run's own (``partition`` is the cluster's business and stays out)."""
+    section = cfg["throughput"]
+    entry = section["runs"][name]
+    return {
+        "run": name,
+        **{key: section[key] for key in THROUGHPUT_SHARED_KEYS},
+        **{key: entry[key] for key in THROUGHPUT_RUN_KEYS},
     }
 
 
@@ -173,12 +209,49 @@ def _check_stages(cfg: Mapping[str, Any], problems: _Problems) -> None:
     problems.attempt("", lambda: config.load(RangeAnalysisConfig, cfg["range_analysis"], path="range_analysis"))
     problems.attempt("", lambda: config.load(AccumulationConfig, cfg["accumulation"], path="accumulation"))
     problems.attempt("", lambda: DataConfig.from_dict(cfg["data"], source="config"))
+    _check_hub_pins(cfg, problems)
     ident = cfg["identification"]
     for name, corpus in ident["corpora"].items():
         path = f"identification.corpora.{name}"
         problems.attempt("", lambda corpus=corpus, path=path: config.load(CorpusConfig, corpus, path=path))
     grid = ident["grid_control"]
     problems.attempt("", lambda: config.load(GridControlConfig, grid, path="identification.grid_control"))
+    _check_throughput(cfg, problems)
+
+
+def _check_hub_pins(cfg: Mapping[str, Any], problems: _Problems) -> None:
+    """The hub files of the data path are pinned: the tokenizer source loads strictly and has a file to go to, and
+    every ``hf://`` data URI names a commit."""
+    from ue5m3.data.hub import TokenizerSource, unpinned_hub_uris
+
+    source = cfg.get("tokenizer_source")
+    if source is not None:
+        problems.attempt("", lambda: TokenizerSource.from_dict(source, source="config"))
+        if cfg["data"].get("tokenizer_path") is None:
+            problems.add(
+                "data.tokenizer_path",
+                "tokenizer_source is set, so rule fetch_tokenizer needs a path to write the file to; set "
+                "data.tokenizer_path (e.g. tokenizers/<name>/tokenizer.json)",
+            )
+    for key in ("stream_a_files", "stream_b_files"):
+        for i, uri in enumerate(cfg["data"].get(key) or []):
+            if isinstance(uri, str) and unpinned_hub_uris([uri]):
+                problems.add(
+                    f"data.{key}[{i}]",
+                    f"{uri!r} names no commit; pin the dataset revision as "
+                    "hf://datasets/<owner>/<name>@<40-digit commit>/<path> (docs/data.md)",
+                )
+
+
+def _check_throughput(cfg: Mapping[str, Any], problems: _Problems) -> None:
+    from ue5m3.experiments.throughput import ThroughputConfig
+
+    for name in cfg["throughput"]["runs"]:
+        settings = throughput_settings(cfg, name)
+        problems.attempt(
+            f"throughput.runs.{name}",
+            lambda settings=settings: config.load(ThroughputConfig, settings, source="its settings"),
+        )
 
 
 def _check_training(cfg: Mapping[str, Any], problems: _Problems) -> dict[str, Any]:
@@ -203,6 +276,11 @@ def _check_training(cfg: Mapping[str, Any], problems: _Problems) -> dict[str, An
             settings = run_settings(cfg, group, variant, seed)
             problems.attempt(path, lambda settings=settings: TrainConfig.from_dict(settings, source="its run"))
         facts[group] = {"variants": list(variants), "seeds": list(seeds), "section": section}
+    for recipe in cfg["training"].get("execution", {}):
+        if recipe not in cfg["training"]["recipes"]:
+            problems.add(
+                f"training.execution.{recipe}", f"names no run (training.recipes: {cfg['training']['recipes']})"
+            )
     _check_control_override(cfg["control"], problems)
     return facts
 
@@ -227,12 +305,22 @@ def _check_control_override(control: Mapping[str, Any], problems: _Problems) -> 
         return
     _, linears = found
     pattern = override.get("module", "*")
-    for i, layer in enumerate(override.get("layers") or []):
+    layers = override.get("layers") or []
+    if isinstance(layers, Mapping):  # counted from the model's end: check the layers it selects in this model
+        from ue5m3.layers.recipes import LayerSelector
+        from ue5m3.training.config import model_layers
+
+        try:
+            selector = config.load(LayerSelector, layers, path="control.override.layers", complete=True)
+            layers = selector.select(model_layers(control["model"], control["model_overrides"]))
+        except ValueError:
+            return  # reported by the override run's check, with the key path
+        keys = ["control.override.layers"] * len(layers)
+    else:
+        keys = [f"control.override.layers[{i}]" for i in range(len(layers))]
+    for key, layer in zip(keys, layers, strict=True):
         if not any(layer_index(n) == layer and fnmatch.fnmatchcase(n, pattern) for n in linears):
-            problems.add(
-                f"control.override.layers[{i}]",
-                f"model {control['model']!r} has no linear matching {pattern!r} in layer {layer!r}",
-            )
+            problems.add(key, f"model {control['model']!r} has no linear matching {pattern!r} in layer {layer!r}")
 
 
 def _check_evaluation(cfg: Mapping[str, Any], trained: Mapping[str, Any], problems: _Problems) -> None:

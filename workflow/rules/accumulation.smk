@@ -3,6 +3,7 @@
 
 
 rule accumulation_stats:
+    """Appendix C statistics of the probe-matched FP32 accumulation against exact sums (RTZ bias, cancellation, grid sweep)."""
     output:
         rtz_bias=result_path("accumulation", "rtz_bias.csv"),
         regression=result_path("accumulation", "regression.csv"),
@@ -11,6 +12,8 @@ rule accumulation_stats:
         provenance=result_path("accumulation", "provenance.json"),
     log:
         log_path("accumulation", "accumulation_stats.log"),
+    benchmark:
+        benchmark_path("accumulation_stats.tsv")
     conda:
         "../envs/cpu.yaml"
     params:
@@ -22,11 +25,13 @@ rule accumulation_stats:
 
 
 rule accumulation_figures:
+    """The accumulation figures and their comparison with the paper's appendix C table."""
     input:
         rtz_bias=rules.accumulation_stats.output.rtz_bias,
         regression=rules.accumulation_stats.output.regression,
         cancellation=rules.accumulation_stats.output.cancellation,
         grid_sweep=rules.accumulation_stats.output.grid_sweep,
+        provenance=rules.accumulation_stats.output.provenance,
     output:
         rtz_bias=figure_path("accumulation_rtz_bias.pdf"),
         cancellation=figure_path("accumulation_cancellation.pdf"),

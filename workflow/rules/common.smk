@@ -4,6 +4,7 @@ All Python logic of the workflow lives here (style guide rule 10); rule files on
 """
 
 import json
+import os
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -14,7 +15,12 @@ validate(config, "../schemas/config.schema.yaml")
 # What the schema cannot see, before any job starts: duplicate keys, every stage's strict loader, every run's
 # settings and the cross-references between sections (errors name the key paths).
 workflow_config.check_files(workflow.configfiles)
-workflow_config.check(config, source=" + ".join(map(str, workflow.configfiles)) or "config")
+workflow_config.check(
+    config, source=" + ".join(map(str, workflow.configfiles)) or "config"
+)
+
+# The conda environments' post-deploy scripts (workflow/envs/*.post-deploy.sh) install this repository from here.
+os.environ.setdefault("UE5M3_SOURCE", str(workflow.basedir))
 
 RESULTS_DIR = Path(config["results_dir"])
 FIGURES_DIR = Path(config["figures_dir"])
@@ -36,6 +42,11 @@ def log_path(*parts):
     return str(LOGS_DIR.joinpath(*parts))
 
 
+def benchmark_path(*parts):
+    """A path under results/benchmarks/: Snakemake's timing and memory record of a costly job (`benchmark:`)."""
+    return result_path("benchmarks", *parts)
+
+
 def stage_config(dpath):
     """One config section (a dpath such as "identification/grid_control") as the JSON object its CLI verb
     loads with the stage's strict loader (--config); defaults for omitted keys live in the stage's dataclass.
@@ -45,7 +56,8 @@ def stage_config(dpath):
 
 def source_hash(module):
     """The hash of the package source a rule's CLI verb runs (its static import closure): a rule parameter, so
-    that Snakemake's params rerun trigger reruns exactly the jobs a source edit affects."""
+    that Snakemake's params rerun trigger reruns exactly the jobs a source edit affects.
+    """
     return artifacts.source_hash(module)
 
 
@@ -61,6 +73,104 @@ def env_file(name):
     return str(Path(workflow.basedir) / "workflow" / "envs" / f"{name}.yaml")
 
 
+# ----- report -------------------------------------------------------------------------------------------
+
+# name -> (file in figures/, report category, report view): one report item per figure and comparison table.
+_SECTIONS = {
+    "range": "1 Range of the block-scale formats (paper section 3)",
+    "accumulation": "2 FP32 accumulation statistics (paper appendix C)",
+    "training": "3 Pretraining (paper sections 7.2-7.3)",
+    "validation": "4 Validation loss and scale snapshot (paper sections 5.3, 7.4)",
+    "downstream": "5 Downstream evaluation (paper section 7.5)",
+    "identification": "6 Emulator identification (paper section 6)",
+    "throughput": "7 Throughput ablation (paper section 7.6)",
+}
+REPORT_ITEMS = {
+    name: (
+        f"{name}.{kind}",
+        _SECTIONS[section],
+        f"{name}.{'png' if kind == 'pdf' else 'html'}",
+    )
+    for section, names in {
+        "range": ["range_codebooks", "range_headroom", "range_worked_example"],
+        "accumulation": [
+            "accumulation_rtz_bias",
+            "accumulation_cancellation",
+            "accumulation_grid_sweep",
+            "accumulation_vs_paper",
+        ],
+        "training": [
+            "training_loss",
+            "training_final_window",
+            "training_stability",
+            "control_override",
+            "training_vs_paper",
+        ],
+        "validation": [
+            "validation_nll",
+            "validation_vs_bf16",
+            "policy_sensitivity",
+            "scale_snapshot",
+            "validation_vs_paper",
+            "policy_sensitivity_vs_paper",
+            "scale_snapshot_vs_paper",
+        ],
+        "downstream": ["downstream", "downstream_vs_paper"],
+        "identification": [
+            "emulator_identification",
+            "emulator_identification_vs_paper",
+            "parity",
+            "grid_regression_control",
+            "grid_regression_control_vs_paper",
+        ],
+        "throughput": ["throughput_ablation", "throughput_vs_paper"],
+    }.items()
+    for name in names
+    for kind in ["csv" if name.endswith("_vs_paper") or name == "parity" else "pdf"]
+}
+
+
+def report_views():
+    """Every report item's view (a PNG per figure, an HTML table per comparison table)."""
+    return [result_path("report", view) for _, _, view in REPORT_ITEMS.values()]
+
+
+def report_sources():
+    return [figure_path(source) for source, _, _ in REPORT_ITEMS.values()]
+
+
+def report_outputs():
+    """name -> the view marked for the report, with its caption and category."""
+    return {
+        item: report(
+            result_path("report", view),
+            caption=str(Path(workflow.basedir) / "workflow" / "report" / f"{item}.rst"),
+            category=category,
+        )
+        for item, (_, category, view) in REPORT_ITEMS.items()
+    }
+
+
+def report_pairs():
+    """`source view` pairs for `ue5m3 render-report-item`."""
+    return " ".join(
+        f"{figure_path(source)} {result_path('report', view)}"
+        for source, _, view in REPORT_ITEMS.values()
+    )
+
+
+def check_report_items():
+    """Every figure and table of `rule all` has a report item (with a caption); called once all rules exist."""
+    missing = sorted(
+        {Path(f).name for f in all_figures()}
+        - {source for source, _, _ in REPORT_ITEMS.values()}
+    )
+    if missing:
+        raise ValueError(
+            f"figures without a report item (add them to REPORT_ITEMS in common.smk): {missing}"
+        )
+
+
 def all_figures():
     """Every final figure: the inputs of `rule all`. Add each new figure rule here."""
     return [
@@ -71,7 +181,35 @@ def all_figures():
         *rules.downstream_figures.output,
         *rules.identification_figures.output,
         *rules.grid_control_figures.output,
+        *rules.throughput_figures.output,
     ]
+
+
+# ----- data --------------------------------------------------------------------------------------------
+
+
+def fetched_tokenizer():
+    """The tokenizer file and record of rule fetch_tokenizer when the config names a hub tokenizer_source; none
+    otherwise (the CPU config trains its BPE offline, or data.tokenizer_path names a file you provide).
+    """
+    if config["tokenizer_source"] is None:
+        return []
+    return [config["data"]["tokenizer_path"], tokenizer_record()]
+
+
+def tokenizer_record():
+    """The record of the fetched tokenizer (repository, commit, file, SHA-256 and size)."""
+    return result_path("data", "tokenizer_source.json")
+
+
+def data_part_record(part):
+    """The part manifest that `ue5m3 prepare-data --part` writes for one part of the data preparation."""
+    return result_path("data", "parts", f"part{part}.json")
+
+
+def data_part_records():
+    """Every part's manifest: the inputs of the merge (data.prepare_parts of them)."""
+    return [data_part_record(part) for part in range(config["data"]["prepare_parts"])]
 
 
 # ----- training ----------------------------------------------------------------------------------------
@@ -125,6 +263,22 @@ def run_settings(wildcards):
         config, wildcards.group, wildcards.variant, wildcards.seed
     )
     return json.dumps(settings, sort_keys=True)
+
+
+def run_is_native(wildcards):
+    return (
+        workflow_config.run_execution(config, wildcards.group, wildcards.variant)
+        == "native_te"
+    )
+
+
+def train_partition(wildcards):
+    """A native_te run goes to the Blackwell partition of the config; an emulated one where the profile says."""
+    return TRAINING["native_partition"] if run_is_native(wildcards) else ""
+
+
+def train_env(wildcards):
+    return env_file("cuda" if run_is_native(wildcards) else "cpu")
 
 
 # ----- evaluation --------------------------------------------------------------------------------------
@@ -326,3 +480,40 @@ def parity_gres(wildcards):
 
 def parity_env(wildcards):
     return env_file("cuda" if parity_is_native(wildcards.name) else "cpu")
+
+
+# ----- throughput --------------------------------------------------------------------------------------
+
+THROUGHPUT = config["throughput"]
+
+
+def throughput_outputs(name):
+    """One of each run's outputs (throughput.csv or provenance.json), every configured run, in config order."""
+    return [result_path("throughput", run, name) for run in THROUGHPUT["runs"]]
+
+
+def throughput_settings(wildcards):
+    """The run's ThroughputConfig fields as JSON (`ue5m3 throughput` loads them strictly)."""
+    return json.dumps(
+        workflow_config.throughput_settings(config, wildcards.throughput_run),
+        sort_keys=True,
+    )
+
+
+def throughput_on_gpu(wildcards):
+    return THROUGHPUT["runs"][wildcards.throughput_run]["device"].startswith("cuda")
+
+
+def throughput_partition(wildcards):
+    """A CUDA run goes to its configured partition (default "gpu"; native_te: a Blackwell one); a CPU run anywhere."""
+    if not throughput_on_gpu(wildcards):
+        return ""
+    return THROUGHPUT["runs"][wildcards.throughput_run].get("partition", "gpu")
+
+
+def throughput_gres(wildcards):
+    return "gpu:1" if throughput_on_gpu(wildcards) else ""
+
+
+def throughput_env(wildcards):
+    return env_file("cuda" if throughput_on_gpu(wildcards) else "cpu")

@@ -9,6 +9,7 @@ wildcard_constraints:
 
 
 rule evaluate_nll:
+    """Validation NLL of one checkpoint under one inference policy (held-out windows, FP64 sums)."""
     input:
         result_path("train", "main", "{recipe}", "seed{seed}", "final.json"),
     output:
@@ -17,6 +18,10 @@ rule evaluate_nll:
         ),
     log:
         log_path("eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.log"),
+    benchmark:
+        benchmark_path(
+            "eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.tsv"
+        )
     conda:
         "../envs/cpu.yaml"
     threads: 1
@@ -30,6 +35,7 @@ rule evaluate_nll:
 
 
 rule scale_snapshot:
+    """The checkpoint scale-target snapshot: raw UE5M3 codes of late down projections' dY block maxima."""
     input:
         result_path("train", "main", "{recipe}", "seed{seed}", "final.json"),
     output:
@@ -39,6 +45,8 @@ rule scale_snapshot:
         ),
     log:
         log_path("eval", "snapshot", "{recipe}", "seed{seed}.log"),
+    benchmark:
+        benchmark_path("eval", "snapshot", "{recipe}", "seed{seed}.tsv")
     conda:
         "../envs/cpu.yaml"
     params:
@@ -50,6 +58,7 @@ rule scale_snapshot:
 
 
 rule evaluation_figures:
+    """Validation-NLL, policy-sensitivity and snapshot figures, with the comparison tables."""
     input:
         nll=nll_results(),
         snapshot_counts=snapshot_counts(),
@@ -60,6 +69,8 @@ rule evaluation_figures:
         sensitivity=figure_path("policy_sensitivity.pdf"),
         snapshot=figure_path("scale_snapshot.pdf"),
         table=figure_path("validation_vs_paper.csv"),
+        sensitivity_table=figure_path("policy_sensitivity_vs_paper.csv"),
+        snapshot_table=figure_path("scale_snapshot_vs_paper.csv"),
     log:
         notebook=log_path("notebooks", "evaluation.ipynb"),
     conda:
@@ -69,6 +80,7 @@ rule evaluation_figures:
 
 
 rule evaluate_downstream:
+    """Downstream accuracy (OLMES-style Core 9 and MMLU, offline) of one checkpoint under one policy."""
     input:
         result_path("train", "main", "{recipe}", "seed{seed}", "final.json"),
     output:
@@ -82,6 +94,15 @@ rule evaluate_downstream:
             "step{step}",
             "{policy}.log",
         ),
+    benchmark:
+        benchmark_path(
+            "eval",
+            "downstream",
+            "{recipe}",
+            "seed{seed}",
+            "step{step}",
+            "{policy}.tsv",
+        )
     conda:
         "../envs/cpu.yaml"
     threads: 1
@@ -96,6 +117,7 @@ rule evaluate_downstream:
 
 
 rule downstream_figures:
+    """The downstream figure and its comparison with the paper's aggregates."""
     input:
         downstream_results(),
     output:

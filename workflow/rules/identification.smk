@@ -10,6 +10,7 @@ wildcard_constraints:
 
 
 rule identify_corpus:
+    """A probe corpus for emulator identification (witnesses mined from the control run's checkpoint)."""
     input:
         witness_inputs,
     output:
@@ -27,6 +28,7 @@ rule identify_corpus:
 
 
 rule identify_record:
+    """The oracle's outputs on a probe corpus (a hardware oracle on its GPU, or an emulator)."""
     input:
         fit_corpus,
     output:
@@ -46,6 +48,7 @@ rule identify_record:
 
 
 rule identify_fit:
+    """Fit of the candidate GEMM output models to the recorded oracle outputs."""
     input:
         corpus=fit_corpus,
         labels=rules.identify_record.output,
@@ -55,6 +58,8 @@ rule identify_fit:
         summary=result_path("identify", "fits", "{fit}", "summary.json"),
     log:
         log_path("identify", "fit_{fit}.log"),
+    benchmark:
+        benchmark_path("identify", "fits", "{fit}.tsv")
     conda:
         "../envs/cpu.yaml"
     params:
@@ -66,6 +71,7 @@ rule identify_fit:
 
 
 rule identify_parity_config:
+    """The training config of one parity comparison's run."""
     output:
         result_path("identify", "parity", "configs", "{name}.yaml"),
     log:
@@ -80,6 +86,7 @@ rule identify_parity_config:
 
 
 rule identify_parity:
+    """Parity of two GEMM backends on one training run (losses and gradients compared)."""
     input:
         rules.identify_parity_config.output,
     output:
@@ -101,12 +108,15 @@ rule identify_parity:
 
 
 rule grid_control:
+    """The grid-regression control at the paper's size: match counts per final-lattice denominator."""
     output:
         runs=result_path("identify", "grid_control", "runs.csv"),
         curves=result_path("identify", "grid_control", "curves.csv"),
         summary=result_path("identify", "grid_control", "summary.json"),
     log:
         log_path("identify", "grid_control.log"),
+    benchmark:
+        benchmark_path("identify", "grid_control.tsv")
     conda:
         "../envs/cpu.yaml"
     threads: 1
@@ -119,6 +129,7 @@ rule grid_control:
 
 
 rule identification_figures:
+    """The identification figure and tables (fits and parity)."""
     input:
         summaries=[str(Path(d) / "summary.json") for d in fit_dirs()],
         tables=[str(Path(d) / "tables.csv") for d in fit_dirs()],
@@ -136,6 +147,7 @@ rule identification_figures:
 
 
 rule grid_control_figures:
+    """The grid-regression control figure and its comparison with the paper."""
     input:
         runs=rules.grid_control.output.runs,
         curves=rules.grid_control.output.curves,

@@ -2,6 +2,7 @@
 
 
 rule range_analysis:
+    """Codebooks, headroom and the worked example of the block-scale formats (analytic)."""
     output:
         formats=result_path("range_analysis", "formats.csv"),
         headroom=result_path("range_analysis", "headroom.csv"),
@@ -21,11 +22,13 @@ rule range_analysis:
 
 
 rule range_figures:
+    """The range-analysis figures."""
     input:
         formats=rules.range_analysis.output.formats,
         codebooks=rules.range_analysis.output.codebooks,
         headroom=rules.range_analysis.output.headroom,
         worked_example=rules.range_analysis.output.worked_example,
+        provenance=rules.range_analysis.output.provenance,
     output:
         codebooks=figure_path("range_codebooks.pdf"),
         headroom=figure_path("range_headroom.pdf"),

@@ -8,7 +8,52 @@ wildcard_constraints:
     seed=r"\d+",
 
 
+# A hub tokenizer (tokenizer_source: the paper's Nemotron-H tokenizer) fetched at its pinned commit into
+# data.tokenizer_path, its SHA-256 checked when pinned and recorded; a local rule, as compute nodes may lack internet.
+# A config without one fetches nothing.
+if config["tokenizer_source"] is not None:
+
+    localrules:
+        fetch_tokenizer,
+
+    rule fetch_tokenizer:
+        output:
+            tokenizer=config["data"]["tokenizer_path"],
+            record=tokenizer_record(),
+        log:
+            log_path("data", "fetch_tokenizer.log"),
+        conda:
+            "../envs/cpu.yaml"
+        params:
+            source=source_hash("ue5m3.data.hub"),
+            config=stage_config("tokenizer_source"),
+        shell:
+            "ue5m3 fetch-tokenizer --config {params.config:q} --out {output.tokenizer} --record {output.record} > {log} 2>&1"
+
+
+# The data preparation in data.prepare_parts parallel jobs (one per part of the input files), then a merge into
+# the prepared data; the bytes, and so every run's identity, are the same for every part count (docs/data.md).
+rule prepare_data_part:
+    input:
+        fetched_tokenizer(),
+    output:
+        data_part_record("{part}"),
+    log:
+        log_path("data", "prepare_data_part{part}.log"),
+    wildcard_constraints:
+        part=r"\d+",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        source=source_hash("ue5m3.data.parts"),
+        config=stage_config("data"),
+    shell:
+        "ue5m3 prepare-data --config {params.config:q} --part {wildcards.part} --out {output} > {log} 2>&1"
+
+
 rule prepare_data:
+    input:
+        data_part_records(),
     output:
         result_path("data", "prepared.json"),
     log:
@@ -19,7 +64,7 @@ rule prepare_data:
         source=source_hash("ue5m3.data.build"),
         config=stage_config("data"),
     shell:
-        "ue5m3 prepare-data --config {params.config:q} --out {output} > {log} 2>&1"
+        "ue5m3 merge-data --config {params.config:q} --out {output} {input} > {log} 2>&1"
 
 
 rule train_config:
@@ -47,8 +92,11 @@ rule train_run:
     wildcard_constraints:
         group="main",
     conda:
-        "../envs/cpu.yaml"
+        train_env
     threads: 1
+    resources:
+        # native_te runs (training.execution) on the Blackwell partition; they fail closed elsewhere
+        slurm_partition=train_partition,
     params:
         source=source_hash("ue5m3.training.loop"),
         launcher=launcher_command,
@@ -91,6 +139,9 @@ rule training_figures:
         by_recipe=summary_table("main", "by_recipe"),
         control_curves=summary_table("control", "curves"),
         control_final_window=summary_table("control", "final_window"),
+        # each run's final.json: the settings the figures' captions state
+        runs=finals(main_run_dirs()),
+        control_runs=finals(control_run_dirs()),
     output:
         loss=figure_path("training_loss.pdf"),
         final_window=figure_path("training_final_window.pdf"),

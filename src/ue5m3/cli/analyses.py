@@ -1,4 +1,4 @@
-"""The analysis verbs: range analysis, accumulation statistics, training summaries and format facts."""
+"""The analysis verbs: range analysis, accumulation statistics, throughput, training summaries and format facts."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ def _accumulation_stats(args: argparse.Namespace) -> int:
 
     cfg = argtypes.load_stage_config(accumulation.AccumulationConfig, args.config)
     return argtypes.print_paths(accumulation.run(cfg, args.out_dir))
+
+
+def _render_report_item(args: argparse.Namespace) -> int:
+    from ue5m3 import report
+
+    if len(args.items) % 2:
+        raise SystemExit(f"render-report-item: expected SOURCE OUT pairs, got an odd count {len(args.items)}")
+    pairs = list(zip(args.items[::2], args.items[1::2], strict=True))
+    return argtypes.print_paths({source: report.render(source, out) for source, out in pairs})
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    from ue5m3.experiments import throughput
+
+    cfg = argtypes.load_stage_config(throughput.ThroughputConfig, args.config)
+    return argtypes.print_paths(throughput.run(cfg, args.out_dir))
 
 
 def _summarize_training(args: argparse.Namespace) -> int:
@@ -68,6 +84,19 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     verbs["accumulation-stats"] = _accumulation_stats
 
     p = sub.add_parser(
+        "throughput",
+        help="model-body tokens/s of the FP4 recipes against BF16 (native TE on Blackwell, or emulated)",
+        description="Time synchronised forward + backward steps of the model body (blocks and final norm; no "
+        "data, embedding, head, optimizer or communication) for the BF16 baseline and each recipe; write "
+        "throughput.csv and provenance.json (paper table 10). Defaults: the paper's protocol, native on one "
+        "Blackwell GPU; a native run fails closed (exit 3, nothing written) without Transformer Engine, CUDA or "
+        "compute capability 10.0.",
+    )
+    argtypes.add_config_option(p, "ue5m3.experiments.throughput.ThroughputConfig")
+    p.add_argument("--out-dir", required=True, help="directory for the table")
+    verbs["throughput"] = _throughput
+
+    p = sub.add_parser(
         "summarize-training",
         help="final-window means, stability counters and seed spread",
         description="Read the metrics of finished runs and write curves and summary tables.",
@@ -77,6 +106,22 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     p.add_argument("--final-window", type=int, default=10, help="logged points in the final window (paper: 10)")
     p.add_argument("--smoothing", type=int, default=250, help="moving-mean window in optimizer steps (paper: 250)")
     verbs["summarize-training"] = _summarize_training
+
+    p = sub.add_parser(
+        "render-report-item",
+        help="a figure PDF as PNG, or a CSV table as HTML, for the Snakemake report",
+        description=(
+            "Render a figure PDF (its first page, as PNG) or a CSV table (as an HTML table) so that the report "
+            "page shows it inline; the rules of workflow/rules/report.smk call this."
+        ),
+    )
+    p.add_argument(
+        "items",
+        nargs="+",
+        metavar="SOURCE OUT",
+        help="pairs: a figure (.pdf) and the PNG to write, or a table (.csv) and the HTML file to write",
+    )
+    verbs["render-report-item"] = _render_report_item
 
     p = sub.add_parser(
         "formats",

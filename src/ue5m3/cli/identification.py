@@ -98,9 +98,9 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "record-oracle",
         help="save an oracle's outputs on a probe corpus (on the oracle's hardware)",
         description="Run an oracle (emulator:<candidate>, hopper_fp8[:fast], native_te_nvfp4) on every probe and save "
-        "its FP32 outputs with the corpus SHA-256, for `fit-emulator --oracle recorded:<file>` anywhere.",
+        "its FP32 outputs with the corpus SHA-256, for 'ue5m3 fit-emulator --oracle recorded:<file>' anywhere.",
     )
-    p.add_argument("--corpus", required=True, help="a corpus from `ue5m3 make-probes`")
+    p.add_argument("--corpus", required=True, help="a corpus from 'ue5m3 make-probes'")
     p.add_argument("--oracle", required=True, help="oracle spec")
     p.add_argument("--out", required=True, help="the recording to write (.safetensors)")
     verbs["record-oracle"] = _record_oracle
@@ -113,7 +113,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "emulator:<candidate> (synthetic, hidden parameters), recorded:<file>, hopper_fp8[:fast] (H100/H200), "
         "native_te_nvfp4 (Blackwell + Transformer Engine).",
     )
-    p.add_argument("--corpus", required=True, help="a corpus from `ue5m3 make-probes`")
+    p.add_argument("--corpus", required=True, help="a corpus from 'ue5m3 make-probes'")
     p.add_argument("--oracle", required=True, help="oracle spec")
     p.add_argument("--slice-widths", type=argtypes.none_or_int, nargs="+", default=[16, 32, 64, 128, 256])
     p.add_argument(

@@ -17,6 +17,7 @@ Modules, in pipeline order:
 * :mod:`~ue5m3.data.tokenizer`: byte-level BPE training (PAD 0, BOS 1, EOS 2) and loading any tokenizer.json;
 * :mod:`~ue5m3.data.shards`: memory-mapped uint16/uint32 token shards with per-document offsets;
 * :mod:`~ue5m3.data.loader`: mixing, packing, rank sharding, the checkpointable cursor, evaluation sets;
+* :mod:`~ue5m3.data.parts`: the preparation split into parts of the input units (parallel jobs) and their merge;
 * :mod:`~ue5m3.data.build`: all steps end to end (:func:`build_data`, :func:`open_data`);
 * :mod:`~ue5m3.data.synthetic`: random-token batches with the loader's interface (tests, benchmarks).
 
@@ -28,8 +29,18 @@ from ue5m3.data.build import DataPaths, OpenedData, build_data, data_paths, open
 from ue5m3.data.config import STREAM_NAMES, Corpus, DataConfig, MixUnit
 from ue5m3.data.corpus import SPLITS, ngram_overlap, prepare_corpus, read_split, split_of, verify_manifest
 from ue5m3.data.loader import DataExhausted, EvalSet, PackedStream, build_eval_set, check_disjoint, mix_schedule
+from ue5m3.data.parts import merge_parts, prepare_part
 from ue5m3.data.shards import TokenShards, token_dtype, tokenize_to_shards
-from ue5m3.data.sources import EVAL_OVERLAP, Document, cpython_documents, read_records, sotu_documents, stream_documents
+from ue5m3.data.sources import (
+    EVAL_OVERLAP,
+    Document,
+    Unit,
+    cpython_documents,
+    list_units,
+    read_records,
+    sotu_documents,
+    stream_documents,
+)
 from ue5m3.data.synthetic import RandomTokenStream
 from ue5m3.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer, load_tokenizer, train_tokenizer
 
@@ -52,17 +63,21 @@ __all__ = [
     "PackedStream",
     "TextTokenizer",
     "TokenShards",
+    "Unit",
     "build_data",
     "build_eval_set",
     "check_disjoint",
     "cpython_documents",
     "data_paths",
+    "list_units",
     "load_tokenizer",
+    "merge_parts",
     "mix_schedule",
     "ngram_overlap",
     "open_data",
     "open_tokenizer",
     "prepare_corpus",
+    "prepare_part",
     "read_records",
     "read_split",
     "sotu_documents",

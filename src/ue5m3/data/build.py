@@ -2,25 +2,29 @@
 
 Layout under ``config.data_dir``::
 
-    corpus/                          prepare_corpus: split JSONL files + manifest.json (SHA-256 of each)
+    corpus/                          <stream>/<split>/unit_*.jsonl per input unit + manifest.json (SHA-256 of each)
     tokenizer.json                   the trained byte-level BPE (absent when data.tokenizer_path is given)
-    tokens/<stream>/<split>/         tokenize_to_shards: shard_*.bin/.offsets.npy/.ids.txt + index.json
+    tokens/<stream>/<split>/         unit_*_*.bin/.offsets.npy/.ids.txt shards + index.json
+    parts/                           what each part of the preparation wrote (ue5m3.data.parts), linked from above
 
-:func:`build_data` writes all of it; :func:`open_data` reads it back as the training loader and the two fixed
-evaluation sets, after checking that no document id sits in two splits of a stream.
+:func:`build_data` writes all of it, running the ``data.prepare_parts`` parts one after another and merging them
+(a cluster runs the parts as parallel jobs instead: same bytes); :func:`open_data` reads it back as the training
+loader and the two fixed evaluation sets, after checking that no document id sits in two splits of a stream.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ue5m3.data.config import DataConfig
-from ue5m3.data.corpus import SPLITS, prepare_corpus, read_split, sha256_file, verify_manifest
+from ue5m3.data.corpus import SPLITS, verify_manifest
 from ue5m3.data.loader import EvalSet, PackedStream, build_eval_set, check_disjoint
-from ue5m3.data.shards import TokenShards, tokenize_to_shards
-from ue5m3.data.tokenizer import TextTokenizer, load_tokenizer, train_tokenizer
+from ue5m3.data.parts import merge_parts, part_manifest_path, prepare_part
+from ue5m3.data.shards import TokenShards
+from ue5m3.data.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = ["DataPaths", "OpenedData", "data_paths", "build_data", "open_data", "open_tokenizer"]
 
@@ -55,37 +59,27 @@ def open_tokenizer(config: DataConfig) -> TextTokenizer:
     )
 
 
-def build_data(config: DataConfig) -> dict[str, float]:
-    """Prepare the corpus, train the BPE unless a tokenizer file is given, and tokenize every split.
+def build_data(config: DataConfig, *, log: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Prepare every part of ``config.prepare_parts`` in turn (corpus, BPE unless a tokenizer file is given,
+    token shards) and merge them into the prepared data.
+
+    Args:
+        config: the data section.
+        log: progress messages (none by default).
 
     Returns:
-        Seconds spent in each step (``prepare``, ``tokenizer``, ``tokenize``).
+        Seconds spent in each step (``prepare``, ``tokenizer``, ``tokenize`` summed over the parts, ``merge``).
     """
-    paths = data_paths(config)
-    seconds = {}
+    log = log or (lambda message: None)
+    seconds: dict[str, float] = {}
+    manifests = []
+    for part in range(config.prepare_parts):
+        manifests.append(part_manifest_path(config, part))
+        for step, spent in prepare_part(config, part, manifests[-1], log=log).items():
+            seconds[step] = seconds.get(step, 0.0) + spent
     start = time.perf_counter()
-    prepare_corpus(config, paths.corpus)
-    manifest_sha256 = sha256_file(paths.corpus / "manifest.json")
-    seconds["prepare"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    if config.tokenizer_path is None:
-        texts = (doc.text for stream in config.stream_names for doc in read_split(paths.corpus, stream, "train"))
-        train_tokenizer(texts, config.vocab_size, paths.tokenizer)
-    tokenizer = open_tokenizer(config)
-    seconds["tokenizer"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    for stream in config.stream_names:
-        for split in SPLITS:
-            tokenize_to_shards(
-                read_split(paths.corpus, stream, split),
-                tokenizer,
-                paths.shards(stream, split),
-                shard_tokens=config.shard_tokens,
-                metadata={"stream": stream, "split": split, "corpus_manifest_sha256": manifest_sha256},
-            )
-    seconds["tokenize"] = time.perf_counter() - start
+    merge_parts(config, manifests, log=log)
+    seconds["merge"] = time.perf_counter() - start
     return seconds
 
 

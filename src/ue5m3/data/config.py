@@ -1,10 +1,11 @@
 """The data section of a run's configuration (style rule 6): one frozen, keyword-only dataclass, validated once.
 
 :class:`DataConfig` covers the corpus and its two streams, the tokenizer, the 41-of-50 mixing schedule, packing
-into ``sequence_length + 1`` windows, the frozen validation and calibration splits, the loader seed and the
-directory every data artefact is written to. :meth:`DataConfig.from_dict` is the strict loader: unknown and
-missing keys are refused (both listed), lists become tuples and enum strings become members; every invariant is
-checked in ``__post_init__`` with the offending key named in the message.
+into ``sequence_length + 1`` windows, the frozen validation and calibration splits, the loader seed, the
+directory every data artefact is written to and the number of parallel jobs that prepare them.
+:meth:`DataConfig.from_dict` is the strict loader: unknown and missing keys are refused (both listed), lists become
+tuples and enum strings become members; every invariant is checked in ``__post_init__`` with the offending key
+named in the message.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class DataConfig:
     """Most tokens per memory-mapped shard file (documents are never split across shards)."""
     data_dir: str = "data"
     """Directory of the prepared corpus, tokenizer and token shards (relative to the working directory)."""
+    prepare_parts: int = 1
+    """Parallel jobs the preparation is split into (``ue5m3 prepare-data --part i``, then ``merge-data``); the
+    prepared data are the same bytes for every count. More than one needs ``tokenizer_path`` (docs/data.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.corpus, Corpus):
@@ -169,6 +173,15 @@ class DataConfig:
             _fail(TypeError, "shuffle", f"expected a bool, got {self.shuffle!r}")
         _check_int(self.shard_tokens, "shard_tokens", minimum=1)
         _check_str(self.data_dir, "data_dir")
+        _check_int(self.prepare_parts, "prepare_parts", minimum=1)
+        if self.prepare_parts > 1 and self.tokenizer_path is None:
+            _fail(
+                ValueError,
+                "prepare_parts",
+                f"{self.prepare_parts!r} parts need a fixed tokenizer: the BPE is trained on the whole training "
+                "split, which no single part reads; set data.tokenizer_path (e.g. to the tokenizer.json of a "
+                "preparation with prepare_parts: 1) or set prepare_parts: 1",
+            )
 
     @property
     def stream_names(self) -> tuple[str, str]:

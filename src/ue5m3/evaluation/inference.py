@@ -51,6 +51,7 @@ __all__ = [
     "REPLAY_INTERVAL",
     "load_for_inference",
     "load_checkpoint_weights",
+    "default_device",
     "order_id",
 ]
 
@@ -253,14 +254,11 @@ def load_checkpoint_weights(
         if not path.is_dir():
             raise CheckpointError(f"checkpoint {path} does not exist (step {step!r})")
     manifest = checkpoint.verify(path)
-    if "model.pt" not in manifest["files"]:
-        raise CheckpointError(f"checkpoint {path} lists no model.pt in its manifest")
-    state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-    return state, manifest, path
+    return checkpoint.load_model_state(path, manifest), manifest, path
 
 
 def _run_recipe(run_dir: Path, cfg: TrainConfig) -> recipes.Recipe:
-    recipe = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
+    recipe = cfg.resolved_recipe()  # absolute layer indices of the run's model, as the run converted with
     final = run_dir / "final.json"
     if final.is_file():
         recorded = json.loads(final.read_text()).get("recipe")
@@ -296,7 +294,7 @@ def load_for_inference(
         step: checkpoint step (default: the newest).
         policy: an :class:`InferencePolicy` or its value.
         recipe: a recipe (or name) to evaluate under; must share the run's scheme and block size (default: the
-            run's recipe).
+            run's recipe). Either is resolved against the run's model (its layer selectors become indices).
         calibration: the calibration :class:`ue5m3.data.EvalSet` (``calibrated_frozen`` only).
         validation: the validation EvalSet the results will be computed on (``calibrated_frozen``: checked
             disjoint from ``calibration``).
@@ -313,7 +311,7 @@ def load_for_inference(
     cfg = read_run_config(run_dir)
     run_recipe = _run_recipe(run_dir, cfg)
     if recipe is not None:
-        recipe = recipes.get(recipe) if isinstance(recipe, str) else recipe
+        recipe = cfg.resolved_recipe(recipes.get(recipe) if isinstance(recipe, str) else recipe)
         _check_recipe(recipe, run_recipe)
     else:
         recipe = run_recipe
@@ -321,7 +319,7 @@ def load_for_inference(
     if cfg.execution != "emulated":
         raise ValueError(f"run {run_dir} used execution {cfg.execution!r}; only emulated runs can be reloaded here")
     state, manifest, path = load_checkpoint_weights(run_dir, step)
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else default_device()
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
     scales = None
     if policy is not InferencePolicy.BF16:
@@ -337,7 +335,7 @@ def load_for_inference(
     identity = {
         "checkpoint": str(path),
         "checkpoint_step": manifest["step"],
-        "checkpoint_sha256": manifest["files"]["model.pt"]["sha256"],
+        "checkpoint_sha256": checkpoint.weights_sha256(manifest),
         "recipe": recipe.name,
         "run_recipe": run_recipe.name,
         "policy": policy.value,
@@ -357,7 +355,8 @@ def load_for_inference(
     return loaded
 
 
-def _default_device() -> torch.device:
+def default_device() -> torch.device:
+    """Where evaluations run unless told: the current CUDA device if there is one, else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 

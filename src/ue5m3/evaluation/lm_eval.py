@@ -4,8 +4,12 @@
 wrapper ``ue5m3.evaluation.inference.InferenceModel``, whose ``forward_unit`` advances the quantization policy's
 work-unit counter once per call) and a tokenizer with ``encode(text) -> list[int]`` and ``eos_id``
 (``ue5m3.data.TextTokenizer``).
-From the command line, ``--model_args run_dir=...,step=...,policy=...`` loads both lazily through
-``ue5m3.evaluation.inference.load_for_inference``.
+From the command line (``ue5m3 lm-eval --model ue5m3 --model_args run_dir=...,policy=...``) or from Python
+(``lm_eval.simple_evaluate(model="ue5m3", model_args="run_dir=...,policy=...", ...)`` after importing this module),
+the model is loaded lazily through ``ue5m3.evaluation.inference.load_for_inference``; the tokenizer and
+``max_length`` default to the run's own (its ``config.resolved.json`` data section: the tokenizer file
+``data.tokenizer_path`` or ``<data.data_dir>/tokenizer.json``, and ``data.sequence_length``), and explicit
+``tokenizer=`` / ``max_length=`` values win.
 
 Work units and order. Requests are scored in the FIXED order lm-eval hands them over (never re-sorted by length),
 ``batch_size`` at a time; each batch is ONE ``forward_unit`` call on a right-padded ``[B, T]`` tensor (pad id =
@@ -24,6 +28,7 @@ conditioned on EOS, each later one on the ``max_length - len(window)`` tokens be
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +37,11 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from ue5m3.logs import Progress
+
 __all__ = ["UE5M3LM"]
+
+logger = logging.getLogger(__name__)
 
 _OWN_ARGS = ("batch_size", "max_length", "device")
 
@@ -77,11 +86,14 @@ class UE5M3LM(TemplateLM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> UE5M3LM:
-        """``run_dir=..,policy=..,tokenizer=..[,step=..,recipe=..,force_bf16=..,batch_size=..,max_length=..,device=..]``.
+        """``run_dir=..,policy=..[,step=..,tokenizer=..,max_length=..,recipe=..,force_bf16=..,batch_size=..,device=..]``.
 
         The model comes from ``ue5m3.evaluation.inference.load_for_inference(run_dir, step, policy=..., recipe=...,
-        force_bf16=..., device=...)`` (it may also return ``(model, tokenizer)``); the tokenizer from
-        ``ue5m3.data.load_tokenizer(tokenizer)`` (a ``tokenizer.json`` path), unless the loader supplied one.
+        force_bf16=..., device=...)`` (it may also return ``(model, tokenizer)``). The tokenizer is, in this order:
+        ``ue5m3.data.load_tokenizer(tokenizer)`` when ``tokenizer=`` (a ``tokenizer.json`` path) is given, the one
+        the loader supplied, or the run's own (``ue5m3.data.open_tokenizer`` of the data section of the run's
+        ``config.resolved.json``). ``max_length`` is, in this order, the ``max_length=`` model arg, lm-eval's own
+        ``max_length`` setting, or the run's ``data.sequence_length``.
         """
         return cls.create_from_arg_obj(lm_utils.simple_parse_args_string(arg_string), additional_config)
 
@@ -99,7 +111,7 @@ class UE5M3LM(TemplateLM):
         if unknown:
             raise ValueError(f"unknown ue5m3 model_args: {sorted(unknown)}")
         if "run_dir" not in args or "policy" not in args:
-            raise ValueError("--model_args for ue5m3 need run_dir=...,policy=... (and tokenizer=..., step=...)")
+            raise ValueError("--model_args for ue5m3 need run_dir=...,policy=... (optionally step=..., tokenizer=...)")
         try:
             from ue5m3.evaluation.inference import load_for_inference
         except ImportError as exc:
@@ -110,17 +122,21 @@ class UE5M3LM(TemplateLM):
         load_kw = {k: args.pop(k) for k in ("recipe", "force_bf16") if k in args}
         if args.get("device") is not None:
             load_kw["device"] = args["device"]
-        loaded = load_for_inference(
-            str(args.pop("run_dir")), args.pop("step", None), policy=args.pop("policy"), **load_kw
-        )
+        run_dir = str(args.pop("run_dir"))
+        loaded = load_for_inference(run_dir, args.pop("step", None), policy=args.pop("policy"), **load_kw)
         model, tokenizer = loaded if isinstance(loaded, tuple) else (loaded, getattr(loaded, "tokenizer", None))
         tokenizer_path = args.pop("tokenizer", None)
-        if tokenizer is None:
-            if tokenizer_path is None:
-                raise ValueError("--model_args for ue5m3 need tokenizer=PATH/tokenizer.json")
+        if tokenizer_path is not None:  # an explicit tokenizer wins over the loader's and the run's
             from ue5m3.data import load_tokenizer
 
             tokenizer = load_tokenizer(str(tokenizer_path))
+        if tokenizer is None or "max_length" not in args:
+            data = _run_data(run_dir)
+            if tokenizer is None:
+                from ue5m3.data import open_tokenizer
+
+                tokenizer = open_tokenizer(data)
+            args.setdefault("max_length", data.sequence_length)
         bs = args.pop("batch_size", 8)
         if isinstance(bs, str) and bs.startswith("auto"):
             raise ValueError("batch_size=auto is not supported: the batch is the quantization work unit")
@@ -144,6 +160,7 @@ class UE5M3LM(TemplateLM):
     ) -> list[tuple[float, bool]]:
         """``(sum of continuation log-probs, continuation is the greedy decode)`` per request, in order."""
         results: list[tuple[float, bool]] = []
+        progress = Progress("scoring", total=len(requests), unit="request", logger=logger, enabled=not disable_tqdm)
         for start in range(0, len(requests), self.batch_size):
             batch = requests[start : start + self.batch_size]
             rows, n_conts = [], []
@@ -163,6 +180,8 @@ class UE5M3LM(TemplateLM):
                 score = cont_lp.gather(1, target[:, None]).sum().item()
                 greedy = bool((cont_lp.argmax(dim=-1) == target).all().item())
                 results.append((float(score), greedy))
+            progress.update(len(batch), figures={"work_units": self.n_units})
+        progress.close()
         return results
 
     def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[float]:
@@ -202,6 +221,14 @@ class UE5M3LM(TemplateLM):
                 f"forward_unit returned logits of shape {tuple(logits.shape)} for input {tuple(ids.shape)}"
             )
         return torch.log_softmax(logits.float(), dim=-1)
+
+
+def _run_data(run_dir: str) -> Any:
+    """The data section (``ue5m3.data.DataConfig``) of the run's ``config.resolved.json``."""
+    from ue5m3.data import DataConfig
+    from ue5m3.training.config import read_run_config
+
+    return DataConfig.from_dict(dict(read_run_config(run_dir).data))
 
 
 def _model_device(model: Any) -> torch.device:

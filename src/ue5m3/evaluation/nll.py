@@ -14,6 +14,7 @@ from several evaluation orders (:func:`order_summary`: mean, min, max and a Stud
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.evaluation.inference import InferenceModel, InferencePolicy, load_for_inference, order_id
+from ue5m3.logs import Progress
 from ue5m3.training.config import read_run_config
 
 __all__ = [
@@ -45,6 +47,8 @@ __all__ = [
 
 HEAD_CHUNK = 256
 """Positions per FP32 head chunk (bounds logit memory at V = 131,072)."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,11 +106,15 @@ def sequence_nll(
     if sorted(order) != list(range(count)):
         raise ValueError(f"order must be a permutation of range({count}), got {list(order)[:10]}...")
     sums, tokens = np.zeros(count, dtype=np.float64), np.zeros(count, dtype=np.int64)
-    for index in order:
-        window = windows[index]
-        inputs, targets = window[None, :-1], window[None, 1:]  # [1, L] each
-        sums[index] = _sequence_sum(loaded, inputs, targets, chunk)
-        tokens[index] = targets.numel()
+    total, seen = 0.0, 0  # the running NLL shown with the progress
+    with Progress("validation NLL", total=count, unit="window", logger=logger) as progress:
+        for index in order:
+            window = windows[index]
+            inputs, targets = window[None, :-1], window[None, 1:]  # [1, L] each
+            sums[index] = _sequence_sum(loaded, inputs, targets, chunk)
+            tokens[index] = targets.numel()
+            total, seen = total + sums[index], seen + int(tokens[index])
+            progress.update(figures={"nll": f"{total / seen:.5f}", "tokens": seen})
     return SequenceNLL(nll_sum=sums, tokens=tokens, order=order)
 
 

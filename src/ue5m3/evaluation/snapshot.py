@@ -27,9 +27,10 @@ from torch import nn
 
 from ue5m3 import models
 from ue5m3.artifacts import provenance, write_csv, write_json
-from ue5m3.evaluation.inference import load_checkpoint_weights
+from ue5m3.evaluation.inference import default_device, load_checkpoint_weights
 from ue5m3.layers.linear import layer_index
 from ue5m3.numerics import formats
+from ue5m3.training import checkpoint
 from ue5m3.training.config import read_run_config
 
 __all__ = [
@@ -82,8 +83,11 @@ def capture(model: nn.Module, window: torch.Tensor, modules: Sequence[str]) -> d
     """One training-mode forward and backward of ``window`` (int64 [L + 1]) with hooks; no parameter update.
 
     Returns:
-        module name -> :class:`Capture`; gradients are cleared afterwards.
+        module name -> :class:`Capture` on the CPU (the pass runs on the model's device); gradients are cleared
+        afterwards.
     """
+    device = next(model.parameters()).device
+    window = window.to(device)
     inputs, targets = window[None, :-1], window[None, 1:]  # [1, L] each
     seen: dict[str, dict[str, torch.Tensor]] = {name: {} for name in modules}
     handles = []
@@ -91,10 +95,10 @@ def capture(model: nn.Module, window: torch.Tensor, modules: Sequence[str]) -> d
         module = model.get_submodule(name)
 
         def forward_hook(mod, args, output, name=name):
-            seen[name]["x"] = args[0].detach().reshape(-1, mod.in_features).float().clone()  # [T, in]
+            seen[name]["x"] = args[0].detach().reshape(-1, mod.in_features).float().to("cpu", copy=True)  # [T, in]
 
         def backward_hook(mod, grad_input, grad_output, name=name):
-            seen[name]["dy"] = grad_output[0].detach().reshape(-1, mod.out_features).float().clone()  # [T, out]
+            seen[name]["dy"] = grad_output[0].detach().reshape(-1, mod.out_features).float().to("cpu", copy=True)
 
         handles += [module.register_forward_hook(forward_hook), module.register_full_backward_hook(backward_hook)]
     was_training = model.training
@@ -110,7 +114,9 @@ def capture(model: nn.Module, window: torch.Tensor, modules: Sequence[str]) -> d
         model.train(was_training)
     return {
         name: Capture(
-            x=seen[name]["x"], w=model.get_submodule(name).weight.detach().float().clone(), dy=seen[name]["dy"]
+            x=seen[name]["x"],
+            w=model.get_submodule(name).weight.detach().float().to("cpu", copy=True),
+            dy=seen[name]["dy"],  # [T, out]
         )
         for name in modules
     }
@@ -195,6 +201,7 @@ def run_snapshot(
     modules: Sequence[str] | None = None,
     window: torch.Tensor | None = None,
     targets: Sequence[float] = TARGETS,
+    device: torch.device | str | None = None,
 ) -> dict[str, Path]:
     """Snapshot a checkpoint: write counts.csv, histograms.csv and provenance.json under ``out_dir``.
 
@@ -205,6 +212,8 @@ def run_snapshot(
         modules: fnmatch patterns of the linears to hook (default: the final four layers' down projections).
         window: int64 [L + 1] tokens (default: the first window of the run's validation set).
         targets: tensor-scale targets T.
+        device: where the forward and backward run (default: CUDA if available, else CPU); the statistics are
+            computed on the CPU from FP32 copies either way.
 
     Returns:
         name -> written path.
@@ -212,7 +221,7 @@ def run_snapshot(
     cfg = read_run_config(run_dir)
     state, manifest, path = load_checkpoint_weights(run_dir, step)
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
-    model.to_empty(device="cpu")
+    model.to_empty(device=torch.device(device) if device is not None else default_device())
     model.load_state_dict(state)
     if window is None:
         from ue5m3 import data
@@ -229,7 +238,7 @@ def run_snapshot(
         "scale-snapshot",
         {"run_dir": str(run_dir), "step": step, "modules": list(modules or []), "targets": list(targets)},
         checkpoint=str(path),
-        checkpoint_sha256=manifest["files"]["model.pt"]["sha256"],
+        checkpoint_sha256=checkpoint.weights_sha256(manifest),
         hooked_modules=names,
         sequence_tokens=int(window.numel()) - 1,
         histogram_excluded=excluded,

@@ -33,6 +33,7 @@ gain = least-squares slope through the origin, sum(acc * exact) / sum(exact^2); 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -40,8 +41,8 @@ from enum import StrEnum
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from ue5m3 import logs
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.numerics.exact import add_rounded, check_grid, exact_sum, is_grid, slice_partials, snap
 from ue5m3.numerics.formats import Rounding
@@ -65,6 +66,8 @@ __all__ = [
     "grid_sweep",
     "run",
 ]
+
+logger = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("gaussian", "gaussian_sigma32", "laplace", "student_t3", "contaminated_gaussian_1pct")
 OPERANDS = ("bf16", "nvfp4", "nvfp4_dequantized")
@@ -317,7 +320,7 @@ def rtz_bias(config: AccumulationConfig) -> list[dict[str, object]]:
     NVFP4-like along K) and the row-wise dot products are compared with the exact sums of the same products.
     """
     rows: list[dict[str, object]] = []
-    for distribution in tqdm(config.distributions, desc="rtz bias", unit="distribution"):
+    for distribution in logs.progress_over(config.distributions, "rtz bias", unit="distribution", logger=logger):
         generator = torch.Generator().manual_seed(config.seed)
         x, z = (sample(distribution, (config.dots, config.k), generator=generator) for _ in range(2))
         for rho, operands in itertools.product((0.0, config.gain_rho), config.operands):
@@ -353,7 +356,7 @@ def regression_probe(config: AccumulationConfig) -> list[dict[str, object]]:
     kw = {"width": config.slice_width, "grid": config.grid}
     bf16_reference = dot(x_t, dot(x, beta)[0] - y.double(), **kw)[0] / b
     rows: list[dict[str, object]] = []
-    for operands in tqdm(config.operands, desc="regression", unit="operands"):
+    for operands in logs.progress_over(config.operands, "regression", unit="operands", logger=logger):
         x1, beta1, alpha1 = _encode(x, beta, operands)
         exact1, predictions = dot(x1, beta1, tuple(Variant), **kw)
         reference = bf16_reference

@@ -24,6 +24,7 @@ def capture_linear(
     """
     from ue5m3 import data, models  # noqa: PLC0415 - pipeline-level imports, kept off the numerics path
     from ue5m3.evaluation.inference import load_checkpoint_weights  # noqa: PLC0415
+    from ue5m3.training.checkpoint import weights_sha256  # noqa: PLC0415
     from ue5m3.training.config import read_run_config  # noqa: PLC0415
 
     cfg = read_run_config(run_dir)
@@ -53,7 +54,7 @@ def capture_linear(
     info = {
         "run_dir": str(run_dir),
         "checkpoint": str(path),
-        "model_sha256": manifest["files"]["model.pt"]["sha256"],
+        "model_sha256": weights_sha256(manifest),
         "module": module,
         "x_shape": list(x.shape),
         "w_shape": list(w.shape),

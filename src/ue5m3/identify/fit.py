@@ -13,14 +13,15 @@ final-grid sweep, the BF16 witness ladder, and the broad probes against an RNE b
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
+from ue5m3 import logs
 from ue5m3.identify.candidates import BASELINES, Candidate, accumulate_cells, parse
 from ue5m3.identify.corpus import Corpus
 from ue5m3.identify.probes import Probe
@@ -28,6 +29,8 @@ from ue5m3.numerics.exact import snap
 from ue5m3.numerics.formats import Rounding
 
 __all__ = ["MatchTable", "fit", "baseline_outputs", "matches"]
+
+logger = logging.getLogger(__name__)
 
 
 def baseline_outputs(probe: Probe, name: str) -> torch.Tensor:
@@ -161,7 +164,7 @@ def fit(
         candidates: the candidate models (see :func:`.candidates.candidate_grid`).
         labels: precomputed oracle outputs per probe family.
         baselines: torch baselines to include.
-        progress: show a tqdm bar over accumulator passes.
+        progress: show progress over accumulator passes (a bar on a terminal, log lines elsewhere).
 
     Returns:
         The match table.
@@ -175,7 +178,9 @@ def fit(
     names = [*baselines, *(c.name for c in candidates)]
     passed: dict[str, dict[str, int]] = {name: {} for name in names}
     total: dict[str, int] = {}
-    bar = tqdm(total=len(corpus.probes) * len(by_accumulator), disable=not progress, desc="fit", unit="pass")
+    bar = logs.Progress(
+        "fit", total=len(corpus.probes) * len(by_accumulator), unit="pass", logger=logger, enabled=progress
+    )
     for family, probe in corpus.probes.items():
         truth = labels[family] if labels is not None and family in labels else oracle.outputs(probe)
         total[family] = probe.rows.numel()

@@ -29,6 +29,7 @@ Choices this module makes (the spec leaves them open):
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,8 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
+from ue5m3 import logs
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear, convert
@@ -58,6 +59,8 @@ __all__ = [
     "run",
     "write",
 ]
+
+logger = logging.getLogger(__name__)
 
 D_IN, D_HIDDEN, D_OUT = 256, 256, 64
 ROUNDINGS = ("rne", "sr")
@@ -304,7 +307,11 @@ def run(cfg: GridControlConfig, *, progress: bool = True) -> GridControlResult:
     """Every run of the control: per seed the BF16 arm (if enabled), then each rounding x grid."""
     arms = [(seed, None, "bf16") for seed in cfg.seeds] if cfg.bf16_baseline else []
     arms += [(s, g, r) for s in cfg.seeds for r in cfg.roundings for g in cfg.grids]
-    runs = [run_one(cfg, *arm) for arm in tqdm(arms, desc="grid control", unit="run", disable=not progress)]
+    runs = []
+    with logs.Progress("grid control", total=len(arms), unit="run", logger=logger, enabled=progress) as bar:
+        for arm in arms:
+            runs.append(run_one(cfg, *arm))
+            bar.update()
     return GridControlResult(cfg, tuple(runs))
 
 

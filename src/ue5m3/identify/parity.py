@@ -81,10 +81,11 @@ class Backend:
         return ":".join(parts)
 
     def recipe(self, cfg: TrainConfig) -> recipes.Recipe:
-        """The run's recipe under this backend; native_te first checks for Transformer Engine and Blackwell."""
+        """The run's recipe under this backend, resolved against the run's model (absolute layer indices); native_te
+        first checks for Transformer Engine and Blackwell."""
         if self.execution is Execution.NATIVE_TE:
             native_te.require_native()  # fail closed before any work
-        base = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
+        base = cfg.resolved_recipe()
         if self.gemm_model is None or self.gemm_model is base.gemm.model:
             return base
         gemm = {
@@ -94,7 +95,7 @@ class Backend:
             "final_grid": base.gemm.final_grid if self.gemm_model is recipes.GemmModel.PROBE_MATCHED else None,
         }
         try:
-            return recipes.resolve(cfg.recipe, {**cfg.recipe_overrides, "gemm": gemm})
+            return cfg.resolved_recipe(recipes.resolve(cfg.recipe, {**cfg.recipe_overrides, "gemm": gemm}))
         except ValueError as err:
             raise ValueError(f"backend {self.spec!r} does not fit recipe {cfg.recipe!r}: {err}") from None
 

@@ -511,7 +511,9 @@ def convert(
 
     Args:
         model: any torch model.
-        recipe: the numerics recipe (a BF16 recipe converts nothing and records every selection as exempt).
+        recipe: the numerics recipe (a BF16 recipe converts nothing and records every selection as exempt), with
+            absolute layer indices: a recipe naming layers relative to the depth is resolved for the model first
+            (:meth:`Recipe.for_model`).
         select: fnmatch patterns on module names, or a callable ``(name, module) -> bool``; required so that
             nobody silently decides whether, say, the output head is quantized.
         scale_state: the shared tensor-reference state; a new ``ScaleState(recipe.interval)`` by default (or the
@@ -526,7 +528,8 @@ def convert(
 
     Raises:
         TypeError: a selected module is a subclass of ``nn.Linear`` (its forward may differ) or not a linear.
-        ValueError: a selected module is reachable under two names (aliased); nothing is changed then.
+        ValueError: a selected module is reachable under two names (aliased), or a depth-relative recipe meets
+            numbered layers; nothing is changed then.
     """
     if select is None or (not callable(select) and isinstance(select, str)):
         raise TypeError("select must be a sequence of name patterns or a callable (name, module) -> bool")
@@ -541,6 +544,11 @@ def convert(
         if not isinstance(module, QuantLinear) and type(module) is not nn.Linear:
             raise TypeError(f"selected module {name!r} is a {type(module).__name__}, not an exact nn.Linear")
         chosen.append((name, module))
+    if recipe.is_relative and any(layer_index(name) is not None for name, _ in chosen):
+        raise ValueError(
+            f"recipe {recipe.name!r} names layers relative to the model's depth (bf16_layers or target_overrides); "
+            "resolve it for this model first (Recipe.for_model, or TrainConfig.resolved_recipe for a run)"
+        )
     # every decision is made before anything changes
     state = scale_state or find_scale_state(model)
     if state is None and recipe.gemm.model is not GemmModel.BF16:

@@ -106,9 +106,18 @@ def autocast(recipe: Recipe) -> Any:
 
 
 def convert_native(model: nn.Module, recipe: Recipe, *, select: list[str]) -> tuple[ConversionRecord, ...]:
-    """Replace selected exact ``nn.Linear`` modules by ``te.Linear`` (weights copied), honouring BF16 layers."""
+    """Replace selected exact ``nn.Linear`` modules by ``te.Linear`` (weights copied), honouring BF16 layers.
+
+    ``recipe`` names its BF16 layers by absolute index (resolved for the model with :meth:`Recipe.for_model`).
+    """
     _check_recipe(recipe)
     te = require_native()
+    selected = [name for name, _ in model.named_modules() if name and any(fnmatch.fnmatchcase(name, p) for p in select)]
+    if recipe.is_relative and any(layer_index(name) is not None for name in selected):
+        raise ValueError(
+            f"recipe {recipe.name!r} names its BF16 layers relative to the model's depth; resolve it for this model "
+            "first (Recipe.for_model, or TrainConfig.resolved_recipe for a run)"
+        )
     records = []
     for name, module in list(model.named_modules()):
         if not name or not any(fnmatch.fnmatchcase(name, p) for p in select):

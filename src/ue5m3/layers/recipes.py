@@ -16,6 +16,12 @@ except that RHT only ever applies to the two wgrad slots, and a :class:`TargetOv
 the paper's 8B recipe sets T = 2048 only for the wgrad dY^T operand of the late MLP down projections, while dY in
 dgrad, activations and weights of those modules keep T = 448.
 
+``bf16_layers`` and each override's ``layers`` name layers by absolute index or relative to the model's depth
+(:mod:`ue5m3.layers.layer_selection`): the packaged recipes say ``{first: 0, last: 8, kind: null}``, "the final 8
+layers", which is layers 44-51 of the 8B model and the final 8 of any other. :meth:`Recipe.for_model` resolves a
+recipe against one model (absolute indices, checked against its depth); every consumer of a run's recipe (training,
+evaluation, parity, the native TE path, the run identity) works on that resolved recipe.
+
 The named recipes ship as YAML files in ``ue5m3/layers/recipe_files`` (:func:`get`, :func:`names`); users copy
 and edit them and read them back with :func:`load`. Loading is strict (style rule 6, :func:`ue5m3.config.load`):
 unknown and missing keys, wrong types and unknown enum values are refused with the key path and the source file in
@@ -29,7 +35,7 @@ import os
 import re
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from functools import cache
@@ -41,6 +47,8 @@ import yaml
 
 from ue5m3 import config
 from ue5m3.artifacts import atomic_path
+from ue5m3.layers import layer_selection
+from ue5m3.layers.layer_selection import LayerKind, LayerSelector, ModelLayers
 from ue5m3.numerics.exact import is_grid
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.quantize import SCHEMES, get_scheme
@@ -52,6 +60,9 @@ __all__ = [
     "RoleConfig",
     "GemmConfig",
     "TargetOverride",
+    "LayerKind",
+    "LayerSelector",
+    "ModelLayers",
     "OperandSpec",
     "Recipe",
     "get",
@@ -113,16 +124,6 @@ def _check_target(value: Any, key: str, *, optional: bool) -> float | None:
     if not (math.isfinite(value) and value > 0):
         _fail(ValueError, key, f"target must be positive and finite, got {value!r}")
     return float(value)
-
-
-def _check_layers(value: Any, key: str) -> None:
-    _check_instance(value, tuple, key, "a tuple of layer indices")
-    for i, layer in enumerate(value):
-        _check_instance(layer, int, f"{key}[{i}]", "an int layer index")
-        if layer < 0:
-            _fail(ValueError, f"{key}[{i}]", f"layer index must be >= 0, got {layer!r}")
-    if len(set(value)) != len(value):
-        _fail(ValueError, key, f"duplicate layer indices in {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,8 +189,8 @@ class TargetOverride:
     """The one slot whose target changes; the other slots keep their role targets."""
     module: str
     """fnmatch pattern (case-sensitive) matched against the module name, e.g. ``"*.mixer.down_proj"``."""
-    layers: tuple[int, ...]
-    """Layer indices the override applies to (non-empty, distinct, >= 0)."""
+    layers: tuple[int, ...] | LayerSelector
+    """Layers the override applies to: indices (non-empty, distinct, >= 0) or a depth-relative selector."""
     target: float
     """The target T used for the slot in matching modules."""
 
@@ -198,14 +199,22 @@ class TargetOverride:
         _check_instance(self.module, str, "module", "a str")
         if not self.module:
             _fail(ValueError, "module", "the module pattern must be non-empty")
-        _check_layers(self.layers, "layers")
-        if not self.layers:
-            _fail(ValueError, "layers", "an override needs at least one layer")
+        layer_selection.check(self.layers, "layers", allow_empty=False)
         object.__setattr__(self, "target", _check_target(self.target, "target", optional=False))
 
     def matches(self, operand: Operand, module_name: str, layer: int | None) -> bool:
-        """Whether this override applies to ``operand`` of module ``module_name`` in ``layer``."""
-        return operand is self.operand and layer in self.layers and fnmatchcase(module_name, self.module)
+        """Whether this override applies to ``operand`` of module ``module_name`` in ``layer``.
+
+        Raises:
+            ValueError: the override names its layers relative to the depth and would have to decide for this
+                module (resolve the recipe with :meth:`Recipe.for_model` first).
+        """
+        return (
+            operand is self.operand
+            and layer is not None
+            and fnmatchcase(module_name, self.module)
+            and layer_selection.contains(self.layers, layer, "layers")
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,8 +251,8 @@ class Recipe:
     """Settings per role; all three for quantized recipes, empty for BF16."""
     gemm: GemmConfig
     """GEMM output model."""
-    bf16_layers: tuple[int, ...] = ()
-    """Layer indices whose linears stay in BF16."""
+    bf16_layers: tuple[int, ...] | LayerSelector = ()
+    """Layers whose linears stay in BF16: indices, or a depth-relative selector (resolved by :meth:`for_model`)."""
     target_overrides: tuple[TargetOverride, ...] = ()
     """Per-module target overrides; the first matching one wins."""
     native_te: bool = False
@@ -269,7 +278,7 @@ class Recipe:
         roles = {role: self.roles[role] for role in OperandRole if role in self.roles}
         object.__setattr__(self, "roles", types.MappingProxyType(roles))
         _check_instance(self.gemm, GemmConfig, "gemm", "a GemmConfig")
-        _check_layers(self.bf16_layers, "bf16_layers")
+        layer_selection.check(self.bf16_layers, "bf16_layers")
         _check_instance(self.target_overrides, tuple, "target_overrides", "a tuple of TargetOverride")
         for i, override in enumerate(self.target_overrides):
             _check_instance(override, TargetOverride, f"target_overrides[{i}]", "a TargetOverride")
@@ -283,7 +292,7 @@ class Recipe:
         if self.gemm.model is not GemmModel.BF16:
             _fail(ValueError, "gemm.model", f"a recipe without scheme computes in BF16, got {self.gemm.model.value!r}")
         for key in ("roles", "bf16_layers", "target_overrides"):
-            if len(getattr(self, key)):
+            if getattr(self, key) not in ({}, ()):
                 _fail(ValueError, key, "must be empty for a BF16 recipe (scheme null)")
         if self.interval != 1:
             _fail(ValueError, "interval", f"a BF16 recipe has no tensor references; use 1, got {self.interval!r}")
@@ -321,7 +330,9 @@ class Recipe:
         for i, override in enumerate(self.target_overrides):
             if not has_tensor_scale:
                 _fail(ValueError, f"target_overrides[{i}]", f"scheme {self.scheme!r} has no tensor-scale target")
-            dead = sorted(set(override.layers) & set(self.bf16_layers))
+            # with a selector on either side the overlap depends on the model: for_model checks it when resolved
+            absolute = isinstance(override.layers, tuple) and isinstance(self.bf16_layers, tuple)
+            dead = sorted(set(override.layers) & set(self.bf16_layers)) if absolute else []
             if dead:
                 _fail(ValueError, f"target_overrides[{i}].layers", f"layers {dead} are in bf16_layers (never applied)")
         if self.native_te:
@@ -343,11 +354,54 @@ class Recipe:
         """Block size (and 2D tile side) of the scheme; None for BF16."""
         return None if self.scheme is None else get_scheme(self.scheme).block_size
 
+    @property
+    def is_relative(self) -> bool:
+        """Whether any key names layers relative to the model's depth (then resolve with :meth:`for_model`)."""
+        named = (self.bf16_layers, *(o.layers for o in self.target_overrides))
+        return any(isinstance(layers, LayerSelector) for layers in named)
+
+    def for_model(self, layers: ModelLayers) -> Recipe:
+        """This recipe resolved against one model: every layer key as absolute indices of that model.
+
+        A selector becomes the indices it selects; indices are checked against the model's depth. An override whose
+        module pattern matches none of the model's linears (the Nemotron-H ``*.mixer.down_proj`` in a dense model)
+        could change no operand there and is left out. The resolved recipe is what conversion, the native TE path
+        and the run identity use; resolving it again changes nothing.
+
+        Args:
+            layers: the model's layer kinds and linear names (``ue5m3.training.config.model_layers`` builds it).
+
+        Raises:
+            ValueError: a selector asks for more layers (of its kind) than the model has, an index is beyond the
+                model's last layer, or a resolved override lands on a BF16 layer; the message starts with the key
+                path and names the recipe, the model and its depth.
+        """
+        _check_instance(layers, ModelLayers, "layers", "a ModelLayers")
+        try:
+            bf16 = layer_selection.resolve(self.bf16_layers, layers, "bf16_layers")
+            overrides = []
+            for i, override in enumerate(self.target_overrides):
+                if not any(fnmatchcase(name, override.module) for name in layers.linears):
+                    continue
+                at = layer_selection.resolve(override.layers, layers, f"target_overrides[{i}].layers")
+                overrides.append(replace(override, layers=at))
+            return replace(self, bf16_layers=bf16, target_overrides=tuple(overrides))
+        except ValueError as exc:
+            raise ValueError(f"{exc} (recipe {self.name!r} for model {layers.model!r})") from None
+
     def is_bf16_layer(self, layer: int | None) -> bool:
-        """Whether the linears of ``layer`` stay in BF16 (None: a module outside the numbered layers)."""
-        if layer is not None:
-            _check_instance(layer, int, "layer", "an int or None")
-        return layer is not None and layer in self.bf16_layers
+        """Whether the linears of ``layer`` stay in BF16 (None: a module outside the numbered layers).
+
+        Raises:
+            ValueError: ``bf16_layers`` is a depth-relative selector (resolve with :meth:`for_model` first).
+        """
+        if layer is None:
+            return False
+        _check_instance(layer, int, "layer", "an int or None")
+        try:
+            return layer_selection.contains(self.bf16_layers, layer, "bf16_layers")
+        except ValueError as exc:
+            raise ValueError(f"{exc} (recipe {self.name!r})") from None
 
     def operand_specs(self, module_name: str, layer: int | None) -> dict[Operand, OperandSpec]:
         """Resolve the six operand slots of one linear module.
@@ -372,8 +426,12 @@ class Recipe:
         for operand in Operand:
             cfg = self.roles[operand.role]
             target = cfg.target
-            for override in self.target_overrides:
-                if override.matches(operand, module_name, layer):
+            for i, override in enumerate(self.target_overrides):
+                try:
+                    hit = override.matches(operand, module_name, layer)
+                except ValueError as exc:
+                    raise ValueError(f"target_overrides[{i}].{exc} (recipe {self.name!r})") from None
+                if hit:
                     target = override.target
                     break
             specs[operand] = OperandSpec(

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ue5m3.models.dense import DenseConfig, DenseTransformer
-from ue5m3.models.nemotron_h import NemotronH, NemotronHConfig
+from ue5m3.models.nemotron_h import BLOCK_KINDS, NemotronH, NemotronHConfig
 
 __all__ = [
     "DenseConfig",
@@ -50,6 +50,7 @@ __all__ = [
     "config",
     "count_parameters",
     "eligible_linears",
+    "layer_kinds",
     "names",
     "no_weight_decay",
 ]
@@ -178,6 +179,23 @@ def eligible_linears(model: nn.Module) -> list[str]:
     120. Already-converted modules are no longer ``nn.Linear`` and are not listed.
     """
     return [name for name, m in model.named_modules() if type(m) is nn.Linear and name != "lm_head"]
+
+
+def layer_kinds(cfg: ModelConfig) -> tuple[frozenset[str], ...]:
+    """Per numbered layer, the kinds of sublayer its residual block holds (what recipe layer selectors count).
+
+    A Nemotron-H block holds one, from its pattern character: ``mamba`` (M), ``attention`` (*) or ``mlp`` (-); a
+    dense Transformer layer holds ``attention`` and ``mlp``. The 8B model's final 8 layers are 4 ``mamba`` and
+    4 ``mlp`` blocks (44-51); its final 4 ``mlp`` layers are 45, 47, 49 and 51.
+
+    Raises:
+        TypeError: ``cfg`` is not a model config.
+    """
+    if isinstance(cfg, NemotronHConfig):
+        return tuple(frozenset({BLOCK_KINDS[c]}) for c in cfg.hybrid_override_pattern)
+    if isinstance(cfg, DenseConfig):
+        return (frozenset({"attention", "mlp"}),) * cfg.num_hidden_layers
+    raise TypeError(f"expected NemotronHConfig or DenseConfig, got {type(cfg).__name__}")
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:

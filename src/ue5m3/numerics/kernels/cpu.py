@@ -1,28 +1,30 @@
-"""Fused C kernels (E2M1 block quantization, the probe-matched GEMM), built on first use, loaded with ctypes.
+"""Fused C kernels (E2M1 block quantization, the probe-matched GEMM), built at install time, loaded with ctypes.
 
 The torch path in :mod:`ue5m3.numerics.quantize` is the reference; this kernel does the same FP32 operations in the
 same order in one pass over memory (compiled with ``-fno-fast-math -ffp-contract=off``) and is checked bit for
-bit against the reference by ``tests/test_cpu_kernel.py``. It needs a C compiler (``cc``/``gcc``); without one
-:func:`available` is False and ``quantize(..., backend="cpu_kernel")`` raises, while ``backend="auto"`` uses the
-torch path, whose results are identical.
+bit against the reference by ``tests/test_cpu_kernel.py``.
 
-The shared library is cached under ``$UE5M3_CACHE`` (default ``~/.cache/ue5m3``), keyed by a hash of the
-source and flags, and written atomically so concurrent first uses do not race.
+``pip install`` compiles it (``setup.py``, with :mod:`ue5m3.numerics.kernels.build`) and fails with a clear error
+when there is no C compiler, unless ``UE5M3_SKIP_KERNEL_BUILD=1``. The library's name is keyed by the sources,
+compiler, flags and CPU; :func:`load` takes the installed one when its key matches, and otherwise (another CPU,
+compiler or source version; an install that skipped the build) compiles it on first use under ``$UE5M3_CACHE``
+(default ``~/.cache/ue5m3``), atomically so concurrent first uses do not race. Without a compiler then,
+:func:`available` is False and ``quantize(..., backend="cpu_kernel")`` raises a :class:`CompileError` naming the
+missing compiler, while ``backend="auto"`` uses the torch path, whose results are identical.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
+import json
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 import torch
+
+from ue5m3.numerics.kernels import build
+from ue5m3.numerics.kernels.build import CompileError
 
 __all__ = [
     "available",
@@ -34,72 +36,47 @@ __all__ = [
     "CompileError",
 ]
 
-SOURCES = ("block_quantize.c", "accumulate.c")
-HEADERS = ("philox.h",)
-# -march=native: the library is built on the machine that runs it (the cache key includes the CPU); exactness
-# holds because FP contraction is off and fast-math is never on.
-FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract=off", "-std=c99"]
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
 _RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
 
 
-class CompileError(RuntimeError):
-    """The kernel could not be compiled or loaded."""
+def _prebuilt_dir() -> Path:
+    """Where the install put the library (inside the package), with its build record."""
+    return Path(str(resources.files("ue5m3.numerics.kernels").joinpath("lib")))
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _cpu_identity() -> bytes:
-    """Model and feature flags of this CPU (a -march=native build is only valid on the same kind)."""
+def _installed(sources: dict[str, bytes]) -> Path | None:
+    """The library the install built, if it was built from these sources on this kind of CPU (any compiler now)."""
     try:
-        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-    except OSError:
-        import platform
-
-        info = platform.processor() + platform.machine()
-    return "\n".join(line for line in info.splitlines() if line.startswith(("model name", "flags"))).encode()
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("UE5M3_CACHE", Path.home() / ".cache" / "ue5m3"))
+        record = json.loads((_prebuilt_dir() / build.BUILD_RECORD).read_text())
+        path = _prebuilt_dir() / build.library_name(sources, record["compiler"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return path if path.is_file() else None
 
 
 @cache
 def load() -> ctypes.CDLL:
-    """Compile (once per source version) and load the kernel library.
+    """Load the kernel library: the one the install built if it fits, else compiled (once per key) into the cache.
 
     Raises:
-        CompileError: no C compiler, or compilation failed (the compiler's message is included).
+        CompileError: no C compiler (the message says so), or compilation failed (the compiler's message is included).
     """
-    compiler = _compiler()
-    if compiler is None:
-        raise CompileError("no C compiler found (set CC or install gcc); use backend='torch'")
     sources = {
         name: resources.files("ue5m3.numerics.kernels").joinpath(f"csrc/{name}").read_bytes()
-        for name in SOURCES + HEADERS
+        for name in build.SOURCES + build.HEADERS
     }
-    identity = b"".join(sources.values()) + " ".join([compiler, *FLAGS]).encode() + _cpu_identity()
-    key = hashlib.sha256(identity).hexdigest()[:16]  # the compiler too: CC may add or drop instruction sets
-    target = _cache_dir() / f"ue5m3_kernels-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            paths = []
-            for name, data in sources.items():
-                (Path(tmp) / name).write_bytes(data)
-                if name in SOURCES:
-                    paths.append(Path(tmp) / name)
-            out = Path(tmp) / "lib.so"
-            result = subprocess.run(
-                [compiler, *FLAGS, *map(str, paths), "-o", str(out)], capture_output=True, text=True
+    target = _installed(sources)
+    if target is None:
+        compiler = build.compiler()
+        if compiler is None:
+            raise CompileError(
+                f"{build.NO_COMPILER}, and the install built no kernel for these sources and this CPU: install gcc "
+                "(or set CC) to use the C kernel, or use backend='torch' (backend='auto' does)"
             )
-            if result.returncode != 0:
-                raise CompileError(f"compiling {', '.join(SOURCES)} with {compiler} failed:\n{result.stderr}")
-            os.replace(out, target)
+        target = build.compile_library(sources, compiler, build.cache_dir())
     lib = ctypes.CDLL(str(target))
     fn = lib.ue5m3_quantize_blocks
     p, i64, i32, u32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float

@@ -1,0 +1,78 @@
+"""Report items: the figures and tables of the Snakemake report in forms a browser shows inline.
+
+The pipeline's figures are PDFs (vector, for the paper) and its comparisons CSV files. A browser's report page
+shows neither inline: an embedded PDF needs a viewer plugin that headless browsers lack, and a CSV file is offered
+as a download. :func:`render` turns a figure PDF into a PNG (its first page, rasterised by PDFium at a fixed
+resolution) and a CSV table into a small self-contained HTML table; ``workflow/rules/report.smk`` marks those with
+``report()`` and the captions of ``workflow/report/``. Both outputs are written atomically and are the same bytes
+for the same input.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import os
+from pathlib import Path
+
+from ue5m3.artifacts import atomic_path
+
+__all__ = ["render", "pdf_to_png", "csv_to_html", "DPI"]
+
+DPI = 110  # readable on a laptop screen at the figures' 6-7 inch widths
+
+
+def pdf_to_png(pdf: str | os.PathLike[str], png: str | os.PathLike[str], *, dpi: int = DPI) -> Path:
+    """Rasterise the first page of ``pdf`` to ``png`` on a white background."""
+    import pypdfium2  # noqa: PLC0415 - a pipeline dependency, only needed here
+
+    pdf, png = Path(pdf), Path(png)
+    document = pypdfium2.PdfDocument(pdf)
+    try:
+        if len(document) == 0:
+            raise ValueError(f"{pdf} has no pages")
+        image = document[0].render(scale=dpi / 72, fill_color=(255, 255, 255, 255)).to_pil()
+    finally:
+        document.close()
+    with atomic_path(png) as tmp:
+        image.convert("RGB").save(tmp, format="PNG", optimize=False)  # no text chunks: stable bytes
+    return png
+
+
+def csv_to_html(table: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write ``table`` (CSV with a header row) as one HTML page holding the table and its file name."""
+    table, out = Path(table), Path(out)
+    with table.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    if not rows:
+        raise ValueError(f"{table} is empty (no header row)")
+    header, body = rows[0], rows[1:]
+    cells = "".join(f"<th>{html.escape(name)}</th>" for name in header)
+    lines = [f"<tr>{cells}</tr>"]
+    for row in body:
+        lines.append("<tr>" + "".join(f"<td>{html.escape(value)}</td>" for value in row) + "</tr>")
+    page = (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
+        f"{html.escape(table.name)}</title><style>"
+        "body{font-family:sans-serif;font-size:13px;margin:8px}table{border-collapse:collapse}"
+        "th,td{border:1px solid #bbb;padding:3px 6px;text-align:left}th{background:#eee}"
+        "</style></head><body>"
+        f"<p><b>{html.escape(table.name)}</b> ({len(body)} rows)</p><table>\n"
+        + "\n".join(lines)
+        + "\n</table></body></html>\n"
+    )
+    with atomic_path(out) as tmp:
+        tmp.write_text(page)
+    return out
+
+
+def render(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """A figure (``.pdf`` -> ``.png``) or a table (``.csv`` -> ``.html``) for the report, by suffix."""
+    source, out = Path(source), Path(out)
+    kinds = {(".pdf", ".png"): pdf_to_png, (".csv", ".html"): csv_to_html}
+    convert = kinds.get((source.suffix.lower(), out.suffix.lower()))
+    if convert is None:
+        raise ValueError(f"cannot render {source} as {out}: supported are .pdf -> .png and .csv -> .html")
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} does not exist")
+    return convert(source, out)

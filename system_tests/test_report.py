@@ -1,0 +1,155 @@
+"""The whole DAG on the tiny `.test/` config, end to end, and its Snakemake report in a real browser.
+
+One run of every rule (data, training runs, the override control, evaluations, identification, throughput,
+summaries, figures and report views), then `snakemake --report`; headless Chromium (Debian's `chromium` and
+`chromium-driver`, installed by install_browser.sh when missing) opens the report, checks that every figure and
+table is listed in its category with its caption, and shows each one through the report's own viewer, checking
+that the screenshot is not blank.
+
+Run by `make test-cluster` (after `make test`, from .ci/run).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALLER = Path(__file__).with_name("install_browser.sh")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _snakemake(work: Path, *args: str) -> None:
+    command = ["snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work)]
+    command += ["--configfile", str(ROOT / ".test" / "config.yaml"), *args]
+    result = subprocess.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        subprocess.run(["bash", str(INSTALLER)], check=True, timeout=1200)
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1400,1000")
+    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+    driver = webdriver.Chrome(options=options, service=service)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """Every rule of the DAG on the tiny config, then the report (one self-contained HTML file). While working on
+    the report, UE5M3_REPORT_WORKDIR names a finished run's directory to reuse (its report is rebuilt)."""
+    reused = os.environ.get("UE5M3_REPORT_WORKDIR")
+    if reused:
+        work = Path(reused)
+        _snakemake(work, "--report", str(work / "report.html"))
+        return work
+    work = tmp_path_factory.mktemp("report")
+    shutil.copytree(ROOT / "config", work / "config")
+    _snakemake(work, "--cores", "2")
+    _snakemake(work, "--report", str(work / "report.html"))
+    return work
+
+
+def test_every_stage_ran_end_to_end_on_the_tiny_config(report):
+    work = report
+    summary = (work / "results" / "train" / "summary" / "main" / "by_recipe.csv").read_text()
+    assert "bf16" in summary and "ue5m3_b16" in summary
+    control = (work / "results" / "train" / "summary" / "control" / "final_window.csv").read_text()
+    assert "ue5m3_b16_t2048_override" in control
+    assert (work / "results" / "train" / "main" / "ue5m3_b16" / "seed1" / "checkpoints" / "step-00000004").is_dir()
+    nll = work / "results" / "eval" / "nll" / "ue5m3_b16" / "seed1" / "step4"
+    evaluated = sorted(p.stem for p in nll.glob("*.json"))
+    assert evaluated == ["calibrated_frozen", "cold_d50_replay", "current_tensor"]
+    downstream = work / "results" / "eval" / "downstream" / "ue5m3_b16" / "seed1" / "step4" / "cold_d50_replay.json"
+    assert json.loads(downstream.read_text())["aggregates"]["mmlu"]["best"] is not None
+    assert "ue5m3_b16" in (work / "figures" / "downstream_vs_paper.csv").read_text()
+    assert (work / "results" / "throughput" / "emulated" / "throughput.csv").is_file()
+
+
+def _expected_views(work: Path) -> set[str]:
+    """The report view of every figure (PDF -> PNG) and table (CSV -> HTML) the run wrote to figures/."""
+    suffix = {".pdf": ".png", ".csv": ".html"}
+    figures = [p for p in (work / "figures").iterdir() if p.suffix in suffix]
+    assert len(figures) >= 25, sorted(p.name for p in figures)
+    return {p.stem + suffix[p.suffix] for p in figures}
+
+
+def _not_blank(png: bytes) -> float:
+    """The fraction of pixels that differ from the most common colour (the background)."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("L")
+    histogram = image.histogram()
+    return 1.0 - max(histogram) / sum(histogram)
+
+
+def test_the_report_lists_every_figure_and_table_in_its_category_and_renders_each(report, browser, tmp_path):
+    expected = _expected_views(report)
+    browser.get((report / "report.html").as_uri())
+    deadline = time.monotonic() + 60
+    while browser.execute_script("return typeof app === 'undefined' || typeof results === 'undefined'"):
+        assert time.monotonic() < deadline, "the report's application never started"
+        time.sleep(0.5)
+    listed = browser.execute_script(
+        "const out = {}; for (const [c, subs] of Object.entries(categories)) for (const paths of Object.values(subs))"
+        " for (const p of paths) out[p] = c; return out;"
+    )
+    by_name = {Path(path).name: (path, category) for path, category in listed.items()}
+    assert set(by_name) == expected, f"listed: {sorted(by_name)}"
+    categories = {category for _, category in by_name.values()}
+    assert all("paper section" in c or "paper appendix" in c for c in categories), categories
+    for category in sorted(categories):  # as a reader opens them: back to the results menu, then the category
+        browser.execute_script("app.setView({navbarMode: 'menu'})")
+        _until(lambda: browser.find_element("tag name", "body").text, lambda text: "Results" in text)
+        browser.execute_script("app.showCategory(arguments[0])", category)
+        names = [n for n, (_, c) in by_name.items() if c == category]
+        listed_all = lambda text, names=names: all(n in text for n in names)  # noqa: E731
+        text = _until(lambda: browser.find_element("tag name", "body").text, listed_all)
+        missing = [n for n in names if n not in text]
+        assert not missing, f"{missing} are not listed under {category!r}"
+    blank = {}
+    for name, (path, _) in sorted(by_name.items()):
+        caption = browser.execute_script("return results[arguments[0]].caption", path)
+        assert caption and len(caption) > 40, f"{name} has no caption"
+        browser.execute_script("new ToggleViewManager(app).handleSelectedResult(arguments[0])", path)
+        shot = _until(browser.get_screenshot_as_png, lambda png: _not_blank(png) >= MIN_INK)
+        (tmp_path / f"{name}.png").write_bytes(shot)
+        if _not_blank(shot) < MIN_INK:
+            blank[name] = round(_not_blank(shot), 4)
+    assert not blank, f"blank views (fraction of non-background pixels): {blank}; screenshots in {tmp_path}"
+
+
+MIN_INK = 0.02  # the share of pixels off the background below which a view counts as blank
+
+
+def _until(read, done, timeout: float = 15.0):
+    """``read()`` until ``done`` holds for it or ``timeout`` seconds pass (the report renders asynchronously);
+    the last value read."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        value = read()
+    return value
