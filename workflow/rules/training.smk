@@ -34,12 +34,15 @@ if config["tokenizer_source"] is not None:
 # The data preparation in data.prepare_parts parallel jobs (one per part of the input files), then a merge into
 # the prepared data; the bytes, and so every run's identity, are the same for every part count (docs/data.md).
 rule prepare_data_part:
+    """One part of the data preparation: its input units read, tokenized and written as token shards."""
     input:
         fetched_tokenizer(),
     output:
         data_part_record("{part}"),
     log:
         log_path("data", "prepare_data_part{part}.log"),
+    benchmark:
+        benchmark_path("data", "part{part}.tsv")
     wildcard_constraints:
         part=r"\d+",
     conda:
@@ -52,6 +55,7 @@ rule prepare_data_part:
 
 
 rule prepare_data:
+    """The merge of every part into the corpus and its manifest (the same bytes as one job)."""
     input:
         data_part_records(),
     output:
@@ -68,6 +72,7 @@ rule prepare_data:
 
 
 rule train_config:
+    """The validated config of one training run."""
     output:
         result_path("train", "{group}", "{variant}", "seed{seed}", "config.yaml"),
     log:
@@ -82,6 +87,7 @@ rule train_config:
 
 
 rule train_run:
+    """One training run (recipe, seed): resumes from its newest verified checkpoint; restarts if its settings changed."""
     input:
         config=rules.train_config.output,
         data=rules.prepare_data.output,
@@ -112,6 +118,7 @@ use rule train_run as train_control with:
 
 
 rule training_summary:
+    """Curves, final-window means and stability counters of a group of runs."""
     input:
         summary_finals,
     output:
@@ -133,6 +140,7 @@ rule training_summary:
 
 
 rule training_figures:
+    """The training figures and their comparison with the paper."""
     input:
         curves=summary_table("main", "curves"),
         final_window=summary_table("main", "final_window"),
