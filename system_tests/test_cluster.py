@@ -148,14 +148,14 @@ def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoin
     shutil.copytree(ROOT / "config", tmp_path / "config")
     config = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
     config["training"].update(
-        seeds=[1], steps=70, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=4
+        seeds=[1], steps=70, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=2
     )
     config["data"].update(max_documents=120, validation_fraction=0.1, calibration_fraction=0.1)
     config["evaluation"]["steps"] = [70]
     config["launcher"] = "ue5m3"
     (tmp_path / "config" / "tiny.yaml").write_text(yaml.safe_dump(config))
     command = ["snakemake", f"{RUN}/final.json", "--profile", "cluster", "--workflow-profile", "cluster/local/profile"]
-    command += ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--retries", "6"]
+    command += ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--retries", "9"]
     command += ["--set-resources", "train_run:runtime=3", "train_run:tasks=1"]  # no mpi: the rule runs as a job step
     command += ["train_run:slurm_extra='--signal=USR1@120'", "--configfile", str(tmp_path / "config" / "tiny.yaml")]
     result = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800, check=False)
