@@ -95,7 +95,7 @@ def save(root: str | os.PathLike[str], step: int, parts: Mapping[str, Any], *, m
             path = tmp / f"{name}.pt"
             torch.save(obj, path)
             _fsync(path)
-            files[path.name] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+            files[path.name] = _entry(path)
         _commit(tmp, final, {"step": step, "format": FULL, "files": files, "meta": dict(meta)})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
