@@ -29,6 +29,17 @@ def test_the_shipped_configs_pass(make):
     workflow_config.check(make(), source="shipped")
 
 
+def test_the_paper_config_pins_the_tokenizer_and_every_hub_file():
+    """Runnable as shipped: the tokenizer is fetched at a full commit and every hf:// data URI names one."""
+    from ue5m3.data.hub import COMMIT, TokenizerSource, unpinned_hub_uris
+
+    paper = _paper()
+    source = TokenizerSource(**paper["tokenizer_source"])
+    assert source.revision is not None and COMMIT.fullmatch(source.revision)
+    hub = [u for key in ("stream_a_files", "stream_b_files") for u in paper["data"][key] if u.startswith("hf://")]
+    assert hub and unpinned_hub_uris(hub) == []
+
+
 def _set(cfg: dict, dotted: str, value) -> None:
     *parents, last = dotted.split(".")
     node = cfg
