@@ -112,3 +112,132 @@ def test_triton_mma_sim_keeps_a_zero_sum_sub_block_in_the_alignment():
     ref = gemm.matmul(a_q, b_q, "mma_sim", backend="torch")
     got = gemm.matmul(a_q, b_q, "mma_sim", backend="triton")
     assert float(ref) == 0.0 and torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+# ----- the fast path (one exact tensor-core dot per slice) and the exact path ------------------------------------
+
+
+def _paths(a_q, b_q, **kwargs):
+    """The Triton probe_matched result and the path each tile-slice took (1 = exact path)."""
+    from ue5m3.numerics.kernels import triton_gemm
+
+    block = a_q.scheme.block_size
+    return triton_gemm.probe_gemm_payload(
+        a_q.payload,
+        a_q.scales,
+        b_q.payload,
+        b_q.scales,
+        block=block,
+        column_block=block if b_q.layout.two_d else 1,
+        width=kwargs.pop("width", 64),
+        rtz=kwargs.pop("rtz", True),
+        grid=kwargs.pop("grid", 1024),
+        alpha=gemm.alpha(a_q, b_q),
+        scale_mantissa_bits=(a_q.scheme.scale.mantissa_bits, b_q.scheme.scale.mantissa_bits),
+        paths=True,
+        **kwargs,
+    )
+
+
+def _reference(a_q, b_q, width=64, rtz=True, grid=1024):
+    rounding = "rtz" if rtz else "rne"
+    return gemm.matmul(
+        a_q, b_q, "probe_matched", slice_width=width, cross_slice_rounding=rounding, final_grid=grid, backend="torch"
+    )
+
+
+def _same_bits(a, b):
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _blockwise(m, k, spread, seed, block=16):
+    """Gaussian values whose 16-element blocks are scaled by 2^(spread * N(0, 1)): how far apart a slice's block
+    scales lie."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.exp2(spread * torch.randn(m, k // block, generator=g))
+    return torch.randn(m, k, generator=g) * scales.repeat_interleave(block, 1)
+
+
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("b_two_d", [False, True])
+def test_typical_operands_take_the_fast_path_and_keep_the_bits(scheme, b_two_d):
+    """Gaussian activations with 1% outlier channels (x20) against Gaussian weights: every tile-slice is one exact
+    FP16 dot, and the result is the reference's bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(96, 512, generator=g)
+    x[:, torch.randperm(512, generator=g)[:5]] *= 20
+    w = torch.randn(512, 80, generator=g) * 0.02
+    a_q, b_q = quantize(x, scheme), quantize(w, scheme, axis=0, two_d=b_two_d)
+    for rtz, grid in ((True, 1024), (False, None)):
+        out, taken = _paths(a_q, b_q, rtz=rtz, grid=grid)
+        assert int(taken.sum()) == 0
+        assert _same_bits(out, _reference(a_q, b_q, rtz=rtz, grid=grid))
+
+
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4"])
+def test_block_scales_far_apart_take_the_exact_path_and_keep_the_bits(scheme):
+    a_q = quantize(_blockwise(40, 256, 4.0, seed=1), scheme)
+    b_q = quantize(_blockwise(36, 256, 4.0, seed=2).t().contiguous(), scheme, axis=0)
+    out, taken = _paths(a_q, b_q)
+    assert bool(taken.all())
+    assert _same_bits(out, _reference(a_q, b_q))
+
+
+def test_one_gemm_mixes_both_paths_in_k_order():
+    """Slices alternate between the paths within one accumulation (per tile-slice decisions, K order kept)."""
+    x = _blockwise(70, 512, 0.0, seed=4)
+    x[:, 128:192] *= torch.tensor([2.0**12, 1.0, 2.0**-12, 1.0]).repeat_interleave(16)  # one wide slice
+    x[:, 320:384] *= torch.tensor([1.0, 2.0**-20, 1.0, 2.0**9]).repeat_interleave(16)
+    w = _blockwise(60, 512, 0.0, seed=5).t().contiguous()
+    a_q, b_q = quantize(x, "ue5m3_b16"), quantize(w, "ue5m3_b16", axis=0)
+    out, taken = _paths(a_q, b_q)
+    assert taken[:, :, [2, 5]].all() and int(taken.sum()) == taken[:, :, [2, 5]].numel()
+    assert _same_bits(out, _reference(a_q, b_q))
+
+
+def test_the_bound_is_what_keeps_the_fast_path_exact():
+    """The same operands with the bound lifted: the FP16 dot is no longer exact and the bits change. So the equality
+    tests above can fail, and the exact path is taken exactly where it is needed."""
+    a_q = quantize(_blockwise(64, 256, 3.0, seed=6), "ue5m3_b16")
+    b_q = quantize(_blockwise(64, 256, 3.0, seed=7).t().contiguous(), "ue5m3_b16", axis=0)
+    reference = _reference(a_q, b_q, grid=None)
+    guarded, taken = _paths(a_q, b_q, grid=None)
+    forced, forced_taken = _paths(a_q, b_q, grid=None, fast_bound=float("inf"))
+    assert bool(taken.any()) and int(forced_taken.sum()) == 0
+    assert _same_bits(guarded, reference)
+    assert not _same_bits(forced, reference)
+
+
+def test_tile_size_changes_the_paths_never_the_bits():
+    a_q = quantize(_blockwise(150, 192, 1.0, seed=8), "nvfp4")
+    b_q = quantize(_blockwise(140, 192, 1.0, seed=9).t().contiguous(), "nvfp4", axis=0, two_d=True)
+    small, _ = _paths(a_q, b_q, tile=64)
+    large, _ = _paths(a_q, b_q, tile=128)
+    assert _same_bits(small, large) and _same_bits(small, _reference(a_q, b_q))
+
+
+@pytest.mark.parametrize("path_bound", [2.0**23, 0.0], ids=["fast", "exact"])
+def test_the_snap_keeps_the_sign_of_a_negative_value_in_the_dead_zone(path_bound):
+    """torch.round(-0.3) is -0.0: an accumulator in (-1/2048, 0) snaps to -0.0 (then times alpha), on both paths."""
+    a = torch.zeros(2, 64)
+    a[0, 0], a[1, 0], a[0, 16] = -1.0, 1.0, 2.0**20  # the large value meets zeros in B: tiny encoded products
+    b = torch.zeros(64, 2)
+    b[0], b[32] = 1.0, 2.0**20
+    a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0)
+    reference = _reference(a_q, b_q)
+    assert torch.signbit(reference[0]).all() and not torch.signbit(reference[1]).any() and (reference == 0).all()
+    out, _ = _paths(a_q, b_q, fast_bound=path_bound)
+    assert _same_bits(out, reference)
+
+
+def test_all_zero_operands_and_slices():
+    a = _blockwise(40, 192, 0.0, seed=10)
+    a[:5] = 0
+    a[:, 64:128] = 0
+    b = _blockwise(30, 192, 0.0, seed=11).t().contiguous()
+    b[:, :3] = 0
+    a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0)
+    out, taken = _paths(a_q, b_q)
+    assert _same_bits(out, _reference(a_q, b_q))
+    zero_a, zero_b = quantize(torch.zeros(8, 64), "ue5m3_b16"), quantize(torch.zeros(64, 8), "ue5m3_b16", axis=0)
+    assert _same_bits(_paths(zero_a, zero_b)[0], _reference(zero_a, zero_b))

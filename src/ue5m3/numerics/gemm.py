@@ -435,7 +435,7 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
             )
         use_triton = reason is None
     rtz = cross_slice_rounding is Rounding.RTZ
-    if use_triton:  # complete in-kernel: no span check, no host read
+    if use_triton:  # complete in-kernel (a fast path where exact, the TwoSum chain elsewhere): no host read
         from ue5m3.numerics.kernels import triton_gemm
 
         operands = (a_q.payload, a_q.scales, b_q.payload, b_q.scales)
@@ -448,7 +448,10 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
                 **layout,
             )
         # exact TwoSum slice sums in the kernel
-        return triton_gemm.probe_gemm_payload(*operands, width=slice_width, rtz=rtz, grid=final_grid, **layout)
+        mbits = (a_q.scheme.scale.mantissa_bits, b_q.scheme.scale.mantissa_bits)
+        return triton_gemm.probe_gemm_payload(
+            *operands, width=slice_width, rtz=rtz, grid=final_grid, scale_mantissa_bits=mbits, **layout
+        )
     if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.

@@ -1,17 +1,32 @@
-"""The probe-matched GEMM as one Triton kernel: the GPU twin of ``ue5m3_probe_gemm_payload`` (``csrc/accumulate.c``).
+"""The probe-matched GEMM in Triton: the GPU twin of ``ue5m3_probe_gemm_payload`` (``csrc/accumulate.c``).
 
-Per output tile and K-slice, with no [slices, M, N] intermediate:
+Two kernels, with no [slices, M, N] intermediate and no host read:
 
-* each block's payload dot product (16 or 32 elements) on the tensor cores in FP16 with FP32 accumulation: E2M1
-  payloads are exact in FP16, their products are multiples of 1/4 up to 36 and a block sum stays below 2^13
-  quarters, so the MMA is exact whatever its internal order;
-* both block scales applied exactly in FP64 (at most 20 significant bits) and the slice's block terms summed by a
-  TwoSum chain, exact while they span at most 106 bits and otherwise the very chain the CPU path's exact
-  recomputation runs, so the result is the CPU path's bit for bit with no span check and no host read;
-* the slice sum rounded once to FP32, slices combined in K order with round-toward-zero FP32 additions (TwoSum and a
-  one-ulp step toward zero) or RNE ones;
-* the 1/grid lattice snap (ties to even) and alpha, in FP32.
+* ``_prepare_kernel`` (one memory-bound pass per operand) rewrites each K-slice of a row of A (column of B) as FP16
+  values on a common exponent: a' = 2 * payload * scale * 2^(MB - F), F the largest block-scale exponent among the
+  slice's nonzero values and MB the scale format's mantissa bits. Every a' is an integer of at most 8 bits times
+  2^-d (d = F minus the value's own scale exponent), so it is exact in FP16 while d <= 24. Beside it go, per row
+  (column) and slice, the shift F - MB - 1 that maps a' back to encoded units and two bounds: L1 = sum |a'| and
+  M = max |a'|, each times 2^dmax.
+* ``_probe_kernel``, per output tile and K-slice:
 
+  - **fast path**: one FP16 tensor-core dot over the whole slice with FP32 accumulation. Its products are multiples
+    of 2^-(dA + dB) and the bounds guarantee that every partial sum is below 2^23 of those quanta (L1_A * M_B or
+    M_A * L1_B under 2^23, checked once per tile from the row and column maxima), so the accumulation is exact in
+    any order and under any hardware alignment that keeps 24 bits below the largest term: the dot *is* the exact
+    slice sum, which then needs no rounding. Two power-of-two multiplications (exact: shifts are kept within
+    [-30, 50]) return it to encoded units.
+  - **exact path**, for a tile-slice the bounds do not cover (block scales far apart inside a slice, huge or tiny
+    scales): each block's payload dot on the tensor cores (exact: a block sum stays below 2^13 quarters), both
+    block scales applied in FP64 (at most 20 significant bits) and the block terms summed by a TwoSum chain,
+    exactly as ``exact.twosum_chain_to_fp32``, then rounded once to FP32 (RNE).
+  - the slice sum joins the accumulator in K order with a round-toward-zero FP32 addition (the hardware's
+    ``add.rz.f32`` on the GPU; TwoSum and a one-ulp step toward zero in the interpreter, the same IEEE result) or
+    an RNE one.
+
+  Then the 1/grid lattice snap (ties to even, the sign of zero kept as ``torch.round``) and alpha, in FP32.
+
+Both paths give the CPU reference's bits; ``paths=`` returns which one each tile-slice took (tests, benchmarks).
 Launched with FP fusion off. Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (FP16 dots: the
 interpreter computes BF16 dots wrongly), which is how ``tests/test_triton_gemm.py`` checks it bit for bit.
 """
@@ -24,7 +39,17 @@ import triton.language as tl
 
 from ue5m3.numerics.backend import triton_device_reason as usable
 
-__all__ = ["probe_gemm_payload", "mma_sim_payload", "usable"]
+__all__ = ["probe_gemm_payload", "mma_sim_payload", "usable", "FAST_BOUND", "MAX_SHIFT", "MIN_SHIFT"]
+
+FAST_BOUND = 2.0**23  # partial sums below 2^23 quanta: exact in FP32 with a factor-2 margin for the bounds' roundings
+MIN_SHIFT, MAX_SHIFT = -30, 50  # shifts back to encoded units: results stay FP32-normal and exact
+MAX_DEPTH = 24  # 2^-24 is FP16's smallest quantum: a' with d <= 24 is exact in FP16
+
+
+@triton.jit
+def _pow2(k):
+    """2^k for integer k in [-126, 127] as FP32, from its exponent bits (exact)."""
+    return ((k + 127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -37,6 +62,12 @@ def _add_rtz(a, b):
     opposite = (err.to(tl.int32, bitcast=True) ^ s.to(tl.int32, bitcast=True)) < 0
     stepped = (s.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
     return tl.where((err != 0.0) & opposite, stepped, s)
+
+
+@triton.jit
+def _add_rtz_hardware(a, b):
+    """The same IEEE operation as one PTX instruction (GPU only: the interpreter runs no inline assembly)."""
+    return tl.inline_asm_elementwise("add.rz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -58,6 +89,60 @@ def _round_fp64_to_fp32_exact(hi, lo):
 
 
 @triton.jit
+def _prepare_kernel(
+    payload_ptr,
+    scale_ptr,
+    out_ptr,
+    shift_ptr,
+    l1_ptr,
+    max_ptr,
+    n_vectors,
+    stride_vector,
+    stride_k,
+    scale_stride_vector,
+    scale_stride_k,
+    scale_vector_block,
+    stat_stride_vector,
+    stat_stride_slice,
+    BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr,
+    MBITS: tl.constexpr,
+    VECTORS: tl.constexpr,
+    DEPTH_LIMIT: tl.constexpr,
+    SHIFT_LOW: tl.constexpr,
+    SHIFT_HIGH: tl.constexpr,
+):
+    """One K-slice of VECTORS rows of A (columns of B): the FP16 values a', the shift and the two bounds."""
+    vectors = tl.program_id(0) * VECTORS + tl.arange(0, VECTORS)
+    kk = tl.program_id(1) * WIDTH + tl.arange(0, WIDTH)
+    ok = (vectors < n_vectors)[:, None]
+    where = vectors[:, None].to(tl.int64) * stride_vector + kk[None, :].to(tl.int64) * stride_k
+    payload = tl.load(payload_ptr + where, mask=ok, other=0.0)
+    scale_at = (vectors // scale_vector_block)[:, None].to(tl.int64) * scale_stride_vector
+    scale = tl.load(scale_ptr + scale_at + (kk // BLOCK)[None, :].to(tl.int64) * scale_stride_k, mask=ok, other=0.0)
+    nonzero = (payload != 0.0) & (scale > 0.0)
+    exponent = ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 s); <= -127 for tiny scales
+    top = tl.max(tl.where(nonzero, exponent, -1000), axis=1)
+    top = tl.where(top > -1000, top, 0)  # an all-zero slice: any exponent will do
+    depth = tl.max(tl.where(nonzero, top[:, None] - exponent, 0), axis=1)
+    factor = MBITS - top
+    clamped = tl.minimum(tl.maximum(factor, -126), 127)
+    # 2 * payload * scale * 2^(MB - F): an integer of at most 8 bits times 2^-d, exact in FP32 and, for d <= 24, FP16
+    value = tl.where(nonzero, (payload * 2.0) * (scale * _pow2(clamped)[:, None]), 0.0)
+    shift = top - MBITS - 1
+    covered = (depth <= DEPTH_LIMIT) & (shift >= SHIFT_LOW) & (shift <= SHIFT_HIGH) & (factor == clamped)
+    widen = _pow2(tl.minimum(depth, DEPTH_LIMIT))
+    l1 = tl.where(covered, tl.sum(tl.abs(value), axis=1) * widen, float("inf"))
+    largest = tl.where(covered, tl.max(tl.abs(value), axis=1) * widen, float("inf"))
+    tl.store(out_ptr + where, value.to(tl.float16), mask=ok)
+    stat = vectors.to(tl.int64) * stat_stride_vector + tl.program_id(1) * stat_stride_slice
+    row_ok = vectors < n_vectors
+    tl.store(shift_ptr + stat, shift, mask=row_ok)
+    tl.store(l1_ptr + stat, l1, mask=row_ok)
+    tl.store(max_ptr + stat, largest, mask=row_ok)
+
+
+@triton.jit
 def _probe_kernel(
     pa_ptr,
     sa_ptr,
@@ -69,11 +154,22 @@ def _probe_kernel(
     n,
     k,
     scale_cols,
+    a16_ptr,
+    b16_ptr,
+    shift_a_ptr,
+    l1_a_ptr,
+    max_a_ptr,
+    shift_b_ptr,
+    l1_b_ptr,
+    max_b_ptr,
+    paths_ptr,
     grid,
+    bound,
     BLOCK: tl.constexpr,
     COLUMN_BLOCK: tl.constexpr,
     WIDTH: tl.constexpr,
     RTZ: tl.constexpr,
+    HARDWARE_RTZ: tl.constexpr,
     SNAP: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -82,47 +178,77 @@ def _probe_kernel(
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok, col_ok = rows < m, cols < n
     sub = tl.arange(0, BLOCK)
+    span = tl.arange(0, WIDTH)
     sa_cols = k // BLOCK
+    slices = k // WIDTH
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for s in range(0, k, WIDTH):
-        hi = tl.zeros([BM, BN], dtype=tl.float64)
-        lo = tl.zeros([BM, BN], dtype=tl.float64)
-        for j in range(s, s + WIDTH, BLOCK):
-            kk = j + sub
-            pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
-            pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
-            block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
-            scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + j // BLOCK, mask=row_ok, other=0.0)
-            scale_b = tl.load(sb_ptr + (j // BLOCK) * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=0.0)
-            both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
-            term = block_sum.to(tl.float64) * both  # the block's exact partial sum (at most 20 bits)
-            if j == s:
-                hi = term
-            else:  # TwoSum chain, exactly as ``exact.twosum_chain_to_fp32``: exact while terms span <= 106 bits
-                hi, err = _two_sum(hi, term)
-                lo = lo + err
-        hi, lo = _two_sum(hi, lo)
-        p = _round_fp64_to_fp32_exact(hi, lo)  # the one RNE rounding of the slice's exact sum
+        j = s // WIDTH
+        stat_a = rows.to(tl.int64) * slices + j
+        stat_b = j * n + cols.to(tl.int64)
+        # the tile's bounds: the largest row bound times the largest column bound covers every output
+        l1_a = tl.max(tl.load(l1_a_ptr + stat_a, mask=row_ok, other=0.0))
+        max_a = tl.max(tl.load(max_a_ptr + stat_a, mask=row_ok, other=0.0))
+        l1_b = tl.max(tl.load(l1_b_ptr + stat_b, mask=col_ok, other=0.0))
+        max_b = tl.max(tl.load(max_b_ptr + stat_b, mask=col_ok, other=0.0))
+        fast = (l1_a * max_b < bound) | (max_a * l1_b < bound)  # NaN (inf * 0) takes the exact path
+        if fast:
+            kk = s + span
+            a16 = tl.load(a16_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
+            b16 = tl.load(b16_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
+            exact = tl.dot(a16, b16, out_dtype=tl.float32)  # every partial sum exact (the bounds above)
+            shift_a = tl.load(shift_a_ptr + stat_a, mask=row_ok, other=0)
+            shift_b = tl.load(shift_b_ptr + stat_b, mask=col_ok, other=0)
+            p = (exact * _pow2(shift_a)[:, None]) * _pow2(shift_b)[None, :]  # exact: powers of two, normal range
+        else:
+            hi = tl.zeros([BM, BN], dtype=tl.float64)
+            lo = tl.zeros([BM, BN], dtype=tl.float64)
+            for jj in range(s, s + WIDTH, BLOCK):
+                kk = jj + sub
+                pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
+                pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
+                block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
+                scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + jj // BLOCK, mask=row_ok, other=0.0)
+                scale_b = tl.load(sb_ptr + (jj // BLOCK) * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=0.0)
+                both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
+                term = block_sum.to(tl.float64) * both  # the block's exact partial sum (at most 20 bits)
+                if jj == s:
+                    hi = term
+                else:  # TwoSum chain, exactly as ``exact.twosum_chain_to_fp32``: exact while terms span <= 106 bits
+                    hi, err = _two_sum(hi, term)
+                    lo = lo + err
+            hi, lo = _two_sum(hi, lo)
+            p = _round_fp64_to_fp32_exact(hi, lo)  # the one RNE rounding of the slice's exact sum
+        tile = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * slices + j
+        tl.store(paths_ptr + tile, (1 - fast.to(tl.int32)).to(tl.uint8))
         if RTZ:
-            acc = _add_rtz(acc, p)
+            if HARDWARE_RTZ:
+                acc = _add_rtz_hardware(acc, p)
+            else:
+                acc = _add_rtz(acc, p)
         else:
             acc = acc + p
-    if SNAP:  # torch.round(acc * grid) / grid: half to even (floor form, exact for every FP32)
+    if SNAP:  # torch.round(acc * grid) / grid: half to even (floor form, exact for every FP32), zero keeps y's sign
         y = acc * grid
         lower = tl.floor(y)
         delta = y - lower
         odd = (lower - 2.0 * tl.floor(lower * 0.5)) == 1.0
         up = (delta > 0.5) | ((delta == 0.5) & odd)
-        acc = tl.math.div_rn(lower + up.to(tl.float32), tl.full([BM, BN], grid, tl.float32))  # exact: power of 2
+        r = lower + up.to(tl.float32)
+        r = tl.where(r == 0.0, y * 0.0, r)  # -0.3 rounds to -0.0 as torch.round does
+        acc = tl.math.div_rn(r, tl.full([BM, BN], grid, tl.float32))  # exact: a power of 2
     out = acc * tl.load(alpha_ptr)
     tl.store(c_ptr + rows[:, None].to(tl.int64) * n + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
-TILE = 32  # output rows and columns per program
+TILE = 32  # output rows and columns per program of the mma_sim kernel
+PROBE_TILE = 64  # output rows and columns per program of the probe_matched kernel in the interpreter
+PROBE_TILE_GPU = 128  # on a GPU (untuned: no GPU has run it yet; the GPU check times it)
+PREPARE_VECTORS = 32  # rows (columns) per program of the preparation pass
 
 
 def _launch(
-    payload_a, scales_a, payload_b, scales_b, block: int, width: int, alpha
+    payload_a, scales_a, payload_b, scales_b, block: int, width: int, alpha, tile: int = TILE
 ) -> tuple[tuple, tuple, torch.Tensor]:
     """The checks and the leading kernel arguments both GEMM kernels share: (pa, sa, pb, sb, alpha, out, m, n, k,
     B's scale columns), the launch grid and the output."""
@@ -135,8 +261,50 @@ def _launch(
         raise ValueError(f"the Triton GEMMs need A [M, K], B [K, N], blocks of 16s and K a multiple of {width}")
     alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)  # stays on the device
     out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
-    launch = (triton.cdiv(m, TILE), triton.cdiv(n, TILE))
+    launch = (triton.cdiv(m, tile), triton.cdiv(n, tile))
     return (pa, sa, pb, sb, alpha, out, m, n, k, sb.shape[1]), launch, out
+
+
+def _prepare(
+    payload: torch.Tensor, scales: torch.Tensor, *, operand: str, block: int, column_block: int, width: int, mbits: int
+) -> tuple[torch.Tensor, ...]:
+    """The preparation pass of one operand: (FP16 values shaped like the payload, shifts int32, L1 bounds, max
+    bounds), the last three [rows, slices] for A and [slices, columns] for B."""
+    rows, cols = payload.shape
+    device = payload.device
+    values = torch.empty(rows, cols, dtype=torch.float16, device=device)
+    if operand == "A":  # vectors are rows, K runs along columns
+        n_vectors, k = rows, cols
+        strides = (cols, 1, scales.shape[1], 1, 1)
+        stat_shape, stat_strides = (rows, k // width), (k // width, 1)
+    else:  # vectors are columns, K runs along rows; 2D tiles share a scale between column_block columns
+        n_vectors, k = cols, rows
+        strides = (1, cols, 1, scales.shape[1], column_block)
+        stat_shape, stat_strides = (k // width, cols), (1, cols)
+    shift = torch.empty(stat_shape, dtype=torch.int32, device=device)
+    l1 = torch.empty(stat_shape, dtype=torch.float32, device=device)
+    largest = torch.empty(stat_shape, dtype=torch.float32, device=device)
+    if n_vectors and k:
+        _prepare_kernel[(triton.cdiv(n_vectors, PREPARE_VECTORS), k // width)](
+            payload,
+            scales,
+            values,
+            shift,
+            l1,
+            largest,
+            n_vectors,
+            *strides,
+            *stat_strides,
+            BLOCK=block,
+            WIDTH=width,
+            MBITS=mbits,
+            VECTORS=PREPARE_VECTORS,
+            DEPTH_LIMIT=MAX_DEPTH,
+            SHIFT_LOW=MIN_SHIFT,
+            SHIFT_HIGH=MAX_SHIFT,
+            enable_fp_fusion=False,
+        )
+    return values, shift, l1, largest
 
 
 def probe_gemm_payload(
@@ -151,27 +319,51 @@ def probe_gemm_payload(
     rtz: bool,
     grid: int | None,
     alpha: torch.Tensor | float,
-) -> torch.Tensor:
+    scale_mantissa_bits: tuple[int, int] = (3, 3),
+    paths: bool = False,
+    tile: int | None = None,
+    fast_bound: float = FAST_BOUND,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The probe_matched GEMM from payloads and block scales, like the CPU ``probe_gemm_payload``, but complete by
-    itself: every slice sum is formed exactly by a TwoSum chain over its block terms, so no span
-    check and no recomputation are needed, and nothing is read back to the host (``alpha`` may be a device tensor).
-    """
+    itself: a tile-slice either takes the exact tensor-core fast path or forms its slice sum by the TwoSum chain, so
+    no span check and no recomputation are needed, and nothing is read back to the host (``alpha`` may be a device
+    tensor). ``scale_mantissa_bits`` are the two scale formats' (the fast path takes at most 6 each: 2 * 6 * (2^7 - 1)
+    is exact in FP16; wider scale formats take the exact path everywhere). With ``paths=True`` also returns
+    which path each tile-slice took: uint8 [row tiles, column tiles, slices], 1 where it took the exact path.
+    ``tile`` (output rows and columns per program; 128 on a GPU, 64 in the interpreter) and ``fast_bound`` (for
+    tests: the bound on partial sums in quanta below which the fast path runs) change the speed, never the bits."""
     if width % 16 or width % block:
         raise ValueError(f"probe_gemm_payload needs a slice width of 16s holding whole blocks, got {width}")
-    args, launch, out = _launch(payload_a, scales_a, payload_b, scales_b, block, width, alpha)
+    tile = tile or (PROBE_TILE_GPU if payload_a.device.type == "cuda" else PROBE_TILE)
+    args, launch, out = _launch(payload_a, scales_a, payload_b, scales_b, block, width, alpha, tile)
+    pa, sa, pb, sb = args[:4]
+    k = pa.shape[1]
+    prepared_a = _prepare(pa, sa, operand="A", block=block, column_block=1, width=width, mbits=scale_mantissa_bits[0])
+    prepared_b = _prepare(
+        pb, sb, operand="B", block=block, column_block=column_block, width=width, mbits=scale_mantissa_bits[1]
+    )
+    taken = torch.empty(*launch, max(k // width, 1), dtype=torch.uint8, device=pa.device)
     _probe_kernel[launch](
         *args,
+        prepared_a[0],
+        prepared_b[0],
+        *prepared_a[1:],
+        *prepared_b[1:],
+        taken,
         float(grid or 1),
+        fast_bound if all(0 <= b <= 6 for b in scale_mantissa_bits) else 0.0,
         BLOCK=block,
         COLUMN_BLOCK=column_block,
         WIDTH=width,
         RTZ=bool(rtz),
+        HARDWARE_RTZ=pa.device.type == "cuda",
         SNAP=grid is not None,
-        BM=TILE,
-        BN=TILE,
+        BM=tile,
+        BN=tile,
+        num_warps=8 if tile >= 128 else 4,
         enable_fp_fusion=False,
     )
-    return out
+    return (out, taken) if paths else out
 
 
 @triton.jit
