@@ -15,7 +15,15 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from ue5m3.numerics.formats import UE8M0  # noqa: E402
 from ue5m3.numerics.philox import ElementIndex, RandomStream  # noqa: E402
-from ue5m3.numerics.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize  # noqa: E402
+from ue5m3.numerics.quantize import (  # noqa: E402
+    AxisQuantization,
+    BlockScheme,
+    ScaleOrder,
+    ScaleRule,
+    get_scheme,
+    quantize,
+    quantize_both_axes,
+)
 
 pytestmark = [
     pytest.mark.triton,
@@ -37,6 +45,7 @@ SCHEMES = {
 LAYOUTS = {
     "1d-last": ((8, 64), {}),
     "axis0": ((64, 6), {"axis": 0}),
+    "axis0-in-place": ((64, 96), {"axis": 0}),  # whole blocks both ways: read in place by the two-axis kernel
     "2d": ((32, 32), {"two_d": True}),
     "ragged": ((5, 40), {}),
 }
@@ -100,3 +109,57 @@ def test_triton_backend_refuses_what_it_does_not_cover():
     wide = dataclasses.replace(wide, element=E4M3)
     with pytest.raises(ValueError, match="backend='triton' cannot quantize 'w'.*E2M1"):
         quantize(torch.ones(2, 16), wide, backend="triton", name="w")
+
+
+# ----- both axes from one read ------------------------------------------------------------------------------------
+
+OTHER_STREAM = RandomStream(seed=11, module="layers.0.mlp.down_proj", role="wgrad_upstream_gradient", step=3)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize(("last_rounding", "first_rounding"), [("rne", "rne"), ("sf", "sr_te"), ("sr", "rtz")])
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "ue5m3_b32", "nvfp4", "nvfp4_torchao", "mxfp4", "mx_rceil"])
+def test_both_axes_from_one_read_equal_the_two_reference_calls(scheme, last_rounding, first_rounding, transposed):
+    """Each axis with its own rounding, Philox stream and shard index; 96 x 160 is not a multiple of the kernel's
+    64 x 64 tile, so its edges are masked."""
+    x = _hard((96, 160), seed=len(scheme))
+    shard = ElementIndex((192, 160), (96, 0))
+    tshard = ElementIndex((160, 192), (0, 96)) if transposed else shard
+    last = AxisQuantization(rounding=last_rounding, stream=STREAM, index=shard, name="dy")
+    first = AxisQuantization(rounding=first_rounding, stream=OTHER_STREAM, index=tshard, name="dyt")
+    got_last, got_first = quantize_both_axes(x, SCHEMES[scheme], last, first, transposed=transposed, backend="triton")
+    ref_last = quantize(x, SCHEMES[scheme], rounding=last_rounding, stream=STREAM, index=shard, backend="torch")
+    operand = x.t() if transposed else x
+    ref_first = quantize(
+        operand,
+        SCHEMES[scheme],
+        axis=-1 if transposed else 0,
+        rounding=first_rounding,
+        stream=OTHER_STREAM,
+        index=tshard,
+        backend="torch",
+    )
+    _assert_same(got_last, ref_last)
+    _assert_same(got_first, ref_first)
+    assert got_first.shape == ref_first.shape and got_first.layout == ref_first.layout
+
+
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4"])
+def test_both_axes_take_their_own_targets_and_held_references(scheme):
+    x = _hard((64, 128), seed=3)
+    held = torch.tensor(3.0 * float(x.abs().max()))
+    last = AxisQuantization(tensor_amax=held, name="x")
+    first = AxisQuantization(target=2048.0, rounding="sf", stream=STREAM, name="xt")
+    got_last, got_first = quantize_both_axes(x, scheme, last, first, transposed=True, backend="triton")
+    _assert_same(got_last, quantize(x, scheme, tensor_amax=held, backend="torch"))
+    ref_first = quantize(x.t(), scheme, target=2048.0, rounding="sf", stream=STREAM, backend="torch")
+    _assert_same(got_first, ref_first)
+    assert got_first.scheme.target == 2048.0 and float(got_last.tensor_amax) == float(held)
+
+
+def test_both_axes_of_a_ragged_tensor_are_the_two_calls():
+    """Not whole blocks both ways: the two quantize calls run (same results, no fused kernel)."""
+    x = _hard((40, 72), seed=4)
+    got_last, got_first = quantize_both_axes(x, "ue5m3_b16", AxisQuantization(), AxisQuantization(), backend="triton")
+    _assert_same(got_last, quantize(x, "ue5m3_b16", backend="torch"))
+    _assert_same(got_first, quantize(x, "ue5m3_b16", axis=0, backend="torch"))

@@ -55,6 +55,8 @@ __all__ = [
     "QuantizedTensor",
     "PackedQuantized",
     "quantize",
+    "AxisQuantization",
+    "quantize_both_axes",
     "fake_quantize",
     "pack_fp4",
     "unpack_fp4",
@@ -687,25 +689,15 @@ def quantize(
         )
     nonfinite = f"tensor {name!r} holds non-finite value(s) (Inf/NaN); quantizers need finite input"
     if use_kernel or tensor_amax is not None:
-        # One pass for finiteness (and the current amax): aminmax propagates NaN and Inf.
-        zero = torch.zeros((), device=x.device)
-        low, high = torch.aminmax(x) if x.numel() else (zero, zero)
-        current = torch.maximum(-low, high).abs()  # abs: an all-zero tensor's amax is +0.0, as on the torch path
-        if checks is not None:
-            checks.defer(name, ~torch.isfinite(current), nonfinite)
-        elif not bool(torch.isfinite(current)):
-            formats.check_finite(x, name)
+        current = _checked_amax(x, name, checks)
     if tensor_amax is None:
         g = current if use_kernel else None
-    elif isinstance(tensor_amax, torch.Tensor) and checks is not None:
-        g = tensor_amax.to(torch.float32).reshape(())
-        checks.defer(
-            f"{name}.tensor_amax", ~torch.isfinite(g) | (g < 0), f"tensor_amax for {name!r} must be finite and >= 0"
-        )
     else:
-        g = torch.as_tensor(tensor_amax, dtype=torch.float32).reshape(())
-        if not bool(torch.isfinite(g)) or bool(g < 0):
-            raise ValueError(f"tensor_amax for {name!r} must be finite and >= 0, got {float(g)!r}")
+        g = _held_reference(tensor_amax, name, checks)
+    if kernel == "triton" and layout.axis == 0 and _two_axis_layout(layout, x) and bits is None:
+        # 1D blocks along the first axis of a 2-D tensor: read in place by the two-axis kernel (no transposed copy)
+        request = AxisQuantization(rounding=rounding, stream=stream, index=index, name=name)
+        return _both_axes_kernel(x, scheme, None, g, request, g, transposed=False)[1]
     blocks = layout.to_blocks(x)
     if use_kernel:
         philox_stream = stream if bits is None and rounding.random_bit_count else None
@@ -766,13 +758,7 @@ def _quantize_kernel(
     else:
         from ue5m3.numerics.kernels import cpu as fused
 
-    global_scale = _tensor_global_scale(scheme, g)
-    global_decode_scale = torch.reciprocal(global_scale)
-    per_tensor = torch.ones((), dtype=torch.float32)
-    if scheme.scale_rule is ScaleRule.TENSOR_SCALED and scheme.scale_order is ScaleOrder.TORCHAO:
-        per_tensor = g / (torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite)
-        per_tensor = torch.where(g == 0, torch.ones_like(per_tensor), per_tensor)
-    block_shape = blocks.shape[:-1]
+    global_scale, global_decode_scale, per_tensor = _tensor_factors(scheme, g)
     # (..., n_blocks, L) -> (N, L): a view for 1D blocks along the last axis, a copy otherwise
     flat = blocks.reshape(-1, blocks.shape[-1])
     flat_bits = layout.to_blocks(bits).reshape(flat.shape) if bits is not None else None
@@ -793,7 +779,23 @@ def _quantize_kernel(
         random_bits=flat_bits,
         philox=None if stream is None else (stream, *layout.block_indices(index, name, flat.device)),
     )
+    return _from_kernel(out, scheme, rounding, layout, g, global_scale, global_decode_scale, blocks.shape)
+
+
+def _from_kernel(
+    out: dict[str, torch.Tensor],
+    scheme: BlockScheme,
+    rounding: Rounding,
+    layout: _BlockLayout,
+    g: torch.Tensor,
+    global_scale: torch.Tensor,
+    global_decode_scale: torch.Tensor,
+    block_view: tuple[int, ...],
+) -> QuantizedTensor:
+    """A fused kernel's flat outputs (per block, and the payload [n_blocks, block]) as a quantized tensor whose
+    block view is ``block_view``."""
     flags = out["flags"]
+    block_shape = block_view[:-1]
     return QuantizedTensor(
         scheme=scheme,
         rounding=rounding,
@@ -804,10 +806,198 @@ def _quantize_kernel(
         block_amax=out["block_amax"].reshape(*block_shape, 1),
         scale_values=out["scales"].reshape(*block_shape, 1),
         decode_scales_blocks=out["decode"].reshape(*block_shape, 1),
-        payload_blocks=out["payload"].reshape(blocks.shape),
+        payload_blocks=out["payload"].reshape(block_view),
         zero_rounded_blocks=(flags & 1).sum(dtype=torch.int64),
         saturated_blocks=((flags >> 1) & 1).sum(dtype=torch.int64),
     )
+
+
+def _tensor_factors(scheme: BlockScheme, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(G, 1/G, torchao's per-tensor divisor) of one quantization, as 0-dim FP32 tensors on g's device."""
+    global_scale = _tensor_global_scale(scheme, g).to(g.device)
+    global_decode_scale = torch.reciprocal(global_scale)
+    per_tensor = torch.ones((), dtype=torch.float32, device=g.device)
+    if scheme.scale_rule is ScaleRule.TENSOR_SCALED and scheme.scale_order is ScaleOrder.TORCHAO:
+        per_tensor = g / (torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite)
+        per_tensor = torch.where(g == 0, torch.ones_like(per_tensor), per_tensor)
+    return global_scale, global_decode_scale, per_tensor
+
+
+def _checked_amax(x: torch.Tensor, name: str, checks: DeferredChecks | None) -> torch.Tensor:
+    """max|x| as a 0-dim FP32 tensor from one pass that also checks finiteness (aminmax propagates NaN and Inf):
+    deferred into ``checks`` when given, else raised now naming the tensor."""
+    zero = torch.zeros((), device=x.device)
+    low, high = torch.aminmax(x) if x.numel() else (zero, zero)
+    current = torch.maximum(-low, high).abs()  # abs: an all-zero tensor's amax is +0.0, as on the torch path
+    nonfinite = f"tensor {name!r} holds non-finite value(s) (Inf/NaN); quantizers need finite input"
+    if checks is not None:
+        checks.defer(name, ~torch.isfinite(current), nonfinite)
+    elif not bool(torch.isfinite(current)):
+        formats.check_finite(x, name)
+    return current
+
+
+def _held_reference(tensor_amax: torch.Tensor | float, name: str, checks: DeferredChecks | None) -> torch.Tensor:
+    """A given tensor reference as a 0-dim FP32 tensor, checked finite and >= 0 (deferred for device tensors when
+    ``checks`` is given)."""
+    if isinstance(tensor_amax, torch.Tensor) and checks is not None:
+        g = tensor_amax.to(torch.float32).reshape(())
+        checks.defer(
+            f"{name}.tensor_amax", ~torch.isfinite(g) | (g < 0), f"tensor_amax for {name!r} must be finite and >= 0"
+        )
+        return g
+    g = torch.as_tensor(tensor_amax, dtype=torch.float32).reshape(())
+    if not bool(torch.isfinite(g)) or bool(g < 0):
+        raise ValueError(f"tensor_amax for {name!r} must be finite and >= 0, got {float(g)!r}")
+    return g
+
+
+# ----- both axes from one read ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AxisQuantization:
+    """The per-call settings of one of the two quantizations :func:`quantize_both_axes` computes (the keyword
+    arguments of :func:`quantize` that may differ between them)."""
+
+    rounding: Rounding | str = Rounding.RNE
+    target: float | None = None
+    tensor_amax: torch.Tensor | float | None = None
+    stream: philox.RandomStream | None = None
+    index: philox.ElementIndex | None = None
+    name: str = "x"
+
+
+def _two_axis_layout(layout: _BlockLayout, x: torch.Tensor) -> bool:
+    """Whether the two-axis kernel reads x in place: a 2-D tensor in 1D blocks, both dimensions whole blocks."""
+    b = layout.block_size
+    return x.ndim == 2 and not layout.two_d and x.shape[0] % b == 0 and x.shape[1] % b == 0
+
+
+def quantize_both_axes(
+    x: torch.Tensor,
+    scheme: str | BlockScheme,
+    last: AxisQuantization,
+    first: AxisQuantization,
+    *,
+    transposed: bool = False,
+    backend: Backend | str = Backend.AUTO,
+    checks: DeferredChecks | None = None,
+) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """A 2-D ``x`` quantized in 1D blocks along both axes: the two results of
+    ``quantize(x, scheme, axis=-1, **last)`` and ``quantize(x, scheme, axis=0, **first)`` (or, with
+    ``transposed=True``, ``quantize(x.t(), scheme, axis=-1, **first)``: the same blocks as the A operand of a
+    backward GEMM), bit for bit, with stochastic roundings drawn in that order.
+
+    On the Triton backend, where x's dimensions are multiples of the block, one kernel reads x once and writes both
+    (the second already transposed); elsewhere this is the two calls. FP4 training quantizes X (forward and wgrad
+    copies) and dY (dgrad and wgrad copies) this way.
+    """
+    scheme = get_scheme(scheme)
+    backend = Backend(backend)
+    if x.ndim != 2:
+        raise ValueError(f"quantize_both_axes takes a 2-D tensor; {last.name!r} has shape {tuple(x.shape)}")
+    for request in (last, first):
+        if request.tensor_amax is not None and not scheme.uses_tensor_amax:
+            raise ValueError(
+                f"tensor {request.name!r}: scheme {scheme.name!r} ({scheme.scale_rule.value}) has no tensor scale, "
+                "so a tensor_amax would be ignored; pass None"
+            )
+    fused = backend is Backend.TRITON or (backend is Backend.AUTO and x.device.type == "cuda")
+    layout = _BlockLayout.of(x, scheme.block_size, -1, False, last.name)
+    if not (fused and _two_axis_layout(layout, x) and _triton_reason(x, scheme) is None):
+        return (
+            quantize(x, scheme, axis=-1, backend=backend, checks=checks, **_call_arguments(last)),
+            quantize(
+                x.t() if transposed else x,
+                scheme,
+                axis=-1 if transposed else 0,
+                backend=backend,
+                checks=checks,
+                **_call_arguments(first),
+            ),
+        )
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise TypeError(f"tensor {last.name!r} must be floating point, got {x.dtype}")
+    x = x.to(torch.float32)
+    current = _checked_amax(x, last.name, checks)
+    references = [
+        current if r.tensor_amax is None else _held_reference(r.tensor_amax, r.name, checks) for r in (last, first)
+    ]
+    return _both_axes_kernel(x, scheme, last, references[0], first, references[1], transposed=transposed)
+
+
+def _call_arguments(request: AxisQuantization) -> dict:
+    return {f.name: getattr(request, f.name) for f in dataclasses.fields(request)}
+
+
+def _both_axes_kernel(
+    x: torch.Tensor,
+    scheme: BlockScheme,
+    last: AxisQuantization | None,
+    g_last: torch.Tensor | None,
+    first: AxisQuantization | None,
+    g_first: torch.Tensor | None,
+    *,
+    transposed: bool,
+) -> tuple[QuantizedTensor | None, QuantizedTensor | None]:
+    """The Triton two-axis kernel on a checked 2-D FP32 x with its references; None for an axis not asked for."""
+    from ue5m3.numerics.kernels import triton_quantize
+
+    rows, cols = x.shape
+    settled = {}
+    for side, request, g in (("last", last, g_last), ("first", first, g_first)):
+        if request is None:
+            settled[side] = None
+            continue
+        side_scheme = scheme.with_target(request.target) if request.target is not None else scheme
+        rounding = Rounding(request.rounding)
+        stream = request.stream
+        if rounding.random_bit_count and stream is None:
+            stream = formats.anonymous_stream(None)
+        if side == "last":
+            layout = _BlockLayout.of(x, scheme.block_size, -1, False, request.name)
+        elif transposed:
+            layout = _BlockLayout.of(x.t(), scheme.block_size, -1, False, request.name)
+        else:
+            layout = _BlockLayout.of(x, scheme.block_size, 0, False, request.name)
+        base, strides = (request.index or philox.ElementIndex()).strides(tuple(layout.shape), request.name)
+        # the global index of x's element (r, c): layout coordinates (r, c), or (c, r) for the transposed layout
+        stride_row, stride_col = (strides[1], strides[0]) if side == "first" and transposed else strides
+        factors = _tensor_factors(side_scheme, g)
+        settled[side] = (side_scheme, rounding, layout, g, factors)
+        settled[side + "_request"] = triton_quantize.AxisRequest(
+            *factors,
+            rounding=rounding.value,
+            stream=stream if rounding.random_bit_count else None,
+            base=base,
+            stride_row=stride_row,
+            stride_col=stride_col,
+        )
+    s = scheme.scale
+    out_last, out_first = triton_quantize.quantize_both_axes(
+        x,
+        block=scheme.block_size,
+        rule=scheme.scale_rule.value,
+        order=scheme.scale_order.value,
+        scale_max=s.max_finite,
+        scale_mantissa_bits=s.mantissa_bits,
+        scale_min_exponent=s.min_exponent,
+        scale_max_exponent=s.max_exponent,
+        zero_scale_repair=scheme.zero_scale_repair,
+        last=settled.get("last_request"),
+        first=settled.get("first_request"),
+    )
+    block = scheme.block_size
+    results = []
+    views = {"last": (out_last, (rows, cols // block, block)), "first": (out_first, (cols, rows // block, block))}
+    for side, (out, view) in views.items():
+        if settled[side] is None:
+            results.append(None)
+            continue
+        side_scheme, rounding, layout, g, (global_scale, global_decode_scale, _) = settled[side]
+        results.append(_from_kernel(out, side_scheme, rounding, layout, g, global_scale, global_decode_scale, view))
+    return results[0], results[1]
 
 
 def fake_quantize(x: torch.Tensor, scheme: str | BlockScheme, **kwargs) -> torch.Tensor:

@@ -14,13 +14,15 @@ checks it bit for bit against the torch reference on a machine without a GPU).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ue5m3.numerics.backend import triton_device_reason as usable
 
-__all__ = ["quantize_blocks", "usable"]
+__all__ = ["quantize_blocks", "quantize_both_axes", "AxisRequest", "usable"]
 
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
@@ -50,6 +52,112 @@ def _round_scale_rne(v, mbits, emin, maxf):
     up = (delta > 0.5) | ((delta == 0.5) & odd)
     out = (lower + up.to(tl.float32)) * _pow2(q)
     return tl.minimum(out, maxf)
+
+
+@triton.jit
+def _block_scales(
+    amax,
+    global_scale,
+    per_tensor,
+    scale_max,
+    inv_f,
+    RULE: tl.constexpr,
+    ORDER: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_EMIN: tl.constexpr,
+    SCALE_EMAX: tl.constexpr,
+    ZERO_REPAIR: tl.constexpr,
+):
+    """The block scales of the block maxima ``amax`` (any shape) under the scheme's rule, and the diagnostics flags
+    (1: rounded to zero before repair, 2: saturated the scale format)."""
+    flag = tl.zeros(amax.shape, dtype=tl.int32)
+    if RULE == 0:
+        six = tl.full(amax.shape, 6.0, tl.float32)
+        if ORDER == 0:
+            ideal = amax * (global_scale * inv_f)
+        elif ORDER == 1:
+            ideal = tl.math.div_rn(amax, six) * global_scale
+        else:
+            ideal = tl.math.div_rn(tl.math.div_rn(amax, six), tl.full(amax.shape, per_tensor, tl.float32))
+        flag = tl.where(ideal > scale_max, flag | 2, flag)
+        scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
+        zero = scale == 0.0
+        flag = tl.where(zero, flag | 1, flag)
+        if ZERO_REPAIR:
+            scale = tl.where(zero, 1.0, scale)
+    else:
+        if RULE == 3:  # RCEIL: the exponent of amax * fp32(1/6), rounded up from its bits
+            db = (amax * inv_f).to(tl.int32, bitcast=True)
+            biased = (db >> 23) & 0xFF
+            mantissa = db & 0x7FFFFF
+            up = tl.where(biased == 0, mantissa > 0x400000, mantissa != 0)
+            e = biased + up.to(tl.int32) - 127
+        else:
+            ab = amax.to(tl.int32, bitcast=True)
+            e = ((ab >> 23) & 0xFF) - 127
+            if RULE == 2:
+                e = e + ((ab & 0x7FFFFF) != 0).to(tl.int32)
+            e = e - 2  # E2M1 max exponent
+        flag = tl.where(e > SCALE_EMAX, flag | 2, flag)
+        e = tl.minimum(tl.maximum(e, SCALE_EMIN), SCALE_EMAX)
+        # 2^e down to 2^-127 (an FP32 subnormal for the UE8M0 minimum)
+        subnormal = tl.full(amax.shape, 1 << 22, tl.int32).to(tl.float32, bitcast=True)
+        scale = tl.where(e >= -126, _pow2(tl.maximum(e, -126)), subnormal)
+    return scale, flag
+
+
+@triton.jit
+def _philox_bits(index, seed, step, microbatch, BIT_COUNT: tl.constexpr):
+    """An element's random integer at global ``index`` (int64): Philox4x32-10 keyed by ``seed`` with counter
+    (index / elements per counter, its high word, step, microbatch), as :func:`ue5m3.numerics.philox.random_bits`."""
+    if BIT_COUNT <= 32:  # 4 elements per counter
+        group = index // 4
+        lane = index % 4
+    else:  # 2 elements per counter
+        group = index // 2
+        lane = index % 2
+    zero = tl.zeros(group.shape, dtype=tl.uint32)
+    w0, w1, w2, w3 = tl.philox(seed, group.to(tl.uint32), (group >> 32).to(tl.uint32), zero + step, zero + microbatch)
+    if BIT_COUNT <= 32:
+        word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+        r = (word >> (32 - BIT_COUNT)).to(tl.int64)
+    else:
+        high = tl.where(lane == 0, w0, w2).to(tl.uint64)
+        low = tl.where(lane == 0, w1, w3).to(tl.uint64)
+        r = ((high << (BIT_COUNT - 32)) | (low >> (64 - BIT_COUNT))).to(tl.int64)
+    return r
+
+
+@triton.jit
+def _round_e2m1(v, r, MODE: tl.constexpr):
+    """E2M1 payload of the scaled values ``v`` (clamped to [-6, 6] first) in rounding ``MODE`` with random integers
+    ``r`` (ignored by RNE and RTZ)."""
+    v = tl.minimum(tl.maximum(v, -6.0), 6.0)
+    sign = v.to(tl.uint32, bitcast=True) & 0x80000000
+    m = (v.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    grid_step = tl.where(m >= 4.0, 2.0, tl.where(m >= 2.0, 1.0, 0.5))  # E2M1 spacing at m
+    inv = tl.where(m >= 4.0, 0.5, tl.where(m >= 2.0, 1.0, 2.0))
+    if MODE == 3:  # Transformer Engine's stochastic_round_fp4_e2m1
+        t = tl.fma(r.to(tl.float32) * (1.0 / 256.0), grid_step, m)
+        step_t = tl.where(t >= 4.0, 2.0, tl.where(t >= 2.0, 1.0, 0.5))
+        inv_t = tl.where(t >= 4.0, 0.5, tl.where(t >= 2.0, 1.0, 2.0))
+        out = (t * inv_t).to(tl.int32).to(tl.float32) * step_t
+    else:
+        s = m * inv
+        lower = s.to(tl.int32).to(tl.float32)
+        delta = s - lower
+        if MODE == 0:
+            odd = (s.to(tl.int32) & 1) == 1
+            up = (delta > 0.5) | ((delta == 0.5) & odd)
+        elif MODE == 1:
+            up = delta < 0.0
+        elif MODE == 2:  # SF: one FP32 addition, as the paper's kernel
+            up = (delta + (2 * r + 1).to(tl.float32) * (1.0 / 512.0)) >= 1.0
+        else:  # SR: Bernoulli(delta) with 53 bits
+            up = r.to(tl.float64) < delta.to(tl.float64) * 9007199254740992.0
+        out = (lower + up.to(tl.float32)) * grid_step
+    out = tl.minimum(out, 6.0)
+    return (out.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -95,53 +203,16 @@ def _quantize_kernel(
     offsets = rows[:, None].to(tl.int64) * L + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     amax = tl.max(tl.abs(x), axis=1)
-    flag = tl.zeros([BLOCKS], dtype=tl.int32)
-    if RULE == 0:
-        if ORDER == 0:
-            ideal = amax * (global_scale * inv_f)
-        elif ORDER == 1:
-            ideal = tl.math.div_rn(amax, tl.full([BLOCKS], 6.0, tl.float32)) * global_scale
-        else:
-            ideal = tl.math.div_rn(
-                tl.math.div_rn(amax, tl.full([BLOCKS], 6.0, tl.float32)), tl.full([BLOCKS], per_tensor, tl.float32)
-            )
-        flag = tl.where(ideal > scale_max, flag | 2, flag)
-        scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
-        zero = scale == 0.0
-        flag = tl.where(zero, flag | 1, flag)
-        if ZERO_REPAIR:
-            scale = tl.where(zero, 1.0, scale)
-    else:
-        if RULE == 3:  # RCEIL: the exponent of amax * fp32(1/6), rounded up from its bits
-            db = (amax * inv_f).to(tl.int32, bitcast=True)
-            biased = (db >> 23) & 0xFF
-            mantissa = db & 0x7FFFFF
-            up = tl.where(biased == 0, mantissa > 0x400000, mantissa != 0)
-            e = biased + up.to(tl.int32) - 127
-        else:
-            ab = amax.to(tl.int32, bitcast=True)
-            e = ((ab >> 23) & 0xFF) - 127
-            if RULE == 2:
-                e = e + ((ab & 0x7FFFFF) != 0).to(tl.int32)
-            e = e - 2  # E2M1 max exponent
-        flag = tl.where(e > SCALE_EMAX, flag | 2, flag)
-        e = tl.minimum(tl.maximum(e, SCALE_EMIN), SCALE_EMAX)
-        # 2^e down to 2^-127 (an FP32 subnormal for the UE8M0 minimum)
-        subnormal = tl.full([BLOCKS], 1 << 22, tl.int32).to(tl.float32, bitcast=True)
-        scale = tl.where(e >= -126, _pow2(tl.maximum(e, -126)), subnormal)
+    scale, flag = _block_scales(
+        amax, global_scale, per_tensor, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
+    )
     decode = scale * global_decode_scale
     mult = tl.minimum(tl.math.div_rn(tl.full([BLOCKS], 1.0, tl.float32), decode), FP32_MAX)
     tl.store(amax_ptr + rows, amax, mask=row_ok)
     tl.store(scale_ptr + rows, scale, mask=row_ok)
     tl.store(decode_ptr + rows, decode, mask=row_ok)
     tl.store(flags_ptr + rows, flag.to(tl.uint8), mask=row_ok)
-
-    v = x * mult[:, None]
-    v = tl.minimum(tl.maximum(v, -6.0), 6.0)
-    sign = v.to(tl.uint32, bitcast=True) & 0x80000000
-    m = (v.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    grid_step = tl.where(m >= 4.0, 2.0, tl.where(m >= 2.0, 1.0, 0.5))  # E2M1 spacing at m
-    inv = tl.where(m >= 4.0, 0.5, tl.where(m >= 2.0, 1.0, 2.0))
+    r = tl.zeros([BLOCKS, L_POW2], dtype=tl.int64)
     if MODE >= 2:
         if EXPLICIT_BITS:
             r = tl.load(bits_ptr + offsets, mask=mask, other=0)
@@ -149,45 +220,149 @@ def _quantize_kernel(
             base = tl.load(base_ptr + rows, mask=row_ok, other=0)
             p = cols[None, :].to(tl.int64)
             index = base[:, None] + (p // inner_len) * outer_stride + (p % inner_len) * inner_stride
-            if BIT_COUNT <= 32:  # 4 elements per counter
-                group = index // 4
-                lane = index % 4
-            else:  # 2 elements per counter
-                group = index // 2
-                lane = index % 2
-            zero = tl.zeros(group.shape, dtype=tl.uint32)
-            w0, w1, w2, w3 = tl.philox(
-                seed, group.to(tl.uint32), (group >> 32).to(tl.uint32), zero + step, zero + microbatch
-            )
-            if BIT_COUNT <= 32:
-                word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-                r = (word >> (32 - BIT_COUNT)).to(tl.int64)
-            else:
-                high = tl.where(lane == 0, w0, w2).to(tl.uint64)
-                low = tl.where(lane == 0, w1, w3).to(tl.uint64)
-                r = ((high << (BIT_COUNT - 32)) | (low >> (64 - BIT_COUNT))).to(tl.int64)
-    if MODE == 3:  # Transformer Engine's stochastic_round_fp4_e2m1
-        t = tl.fma(r.to(tl.float32) * (1.0 / 256.0), grid_step, m)
-        step_t = tl.where(t >= 4.0, 2.0, tl.where(t >= 2.0, 1.0, 0.5))
-        inv_t = tl.where(t >= 4.0, 0.5, tl.where(t >= 2.0, 1.0, 2.0))
-        out = (t * inv_t).to(tl.int32).to(tl.float32) * step_t
-    else:
-        s = m * inv
-        lower = s.to(tl.int32).to(tl.float32)
-        delta = s - lower
-        if MODE == 0:
-            odd = (s.to(tl.int32) & 1) == 1
-            up = (delta > 0.5) | ((delta == 0.5) & odd)
-        elif MODE == 1:
-            up = delta < 0.0
-        elif MODE == 2:  # SF: one FP32 addition, as the paper's kernel
-            up = (delta + (2 * r + 1).to(tl.float32) * (1.0 / 512.0)) >= 1.0
-        else:  # SR: Bernoulli(delta) with 53 bits
-            up = r.to(tl.float64) < delta.to(tl.float64) * 9007199254740992.0
-        out = (lower + up.to(tl.float32)) * grid_step
-    out = tl.minimum(out, 6.0)
-    payload = (out.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+            r = _philox_bits(index, seed, step, microbatch, BIT_COUNT)
+    payload = _round_e2m1(x * mult[:, None], r, MODE)
     tl.store(payload_ptr + offsets, payload, mask=mask)
+
+
+@triton.jit
+def _quantize_both_axes_kernel(
+    x_ptr,
+    rows,
+    cols,
+    scale_max,
+    inv_f,
+    last_scalars_ptr,
+    last_payload_ptr,
+    last_amax_ptr,
+    last_scale_ptr,
+    last_decode_ptr,
+    last_flags_ptr,
+    last_seed,
+    last_step,
+    last_microbatch,
+    last_base,
+    last_stride_row,
+    last_stride_col,
+    first_scalars_ptr,
+    first_payload_ptr,
+    first_amax_ptr,
+    first_scale_ptr,
+    first_decode_ptr,
+    first_flags_ptr,
+    first_seed,
+    first_step,
+    first_microbatch,
+    first_base,
+    first_stride_row,
+    first_stride_col,
+    L: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+    TILE_COLS: tl.constexpr,
+    RULE: tl.constexpr,
+    ORDER: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_EMIN: tl.constexpr,
+    SCALE_EMAX: tl.constexpr,
+    ZERO_REPAIR: tl.constexpr,
+    LAST: tl.constexpr,
+    LAST_MODE: tl.constexpr,
+    LAST_BITS: tl.constexpr,
+    FIRST: tl.constexpr,
+    FIRST_MODE: tl.constexpr,
+    FIRST_BITS: tl.constexpr,
+):
+    """One read of a [TILE_ROWS, TILE_COLS] tile of x [rows, cols] (both multiples of L), two quantizations:
+
+    * LAST: blocks of L along the last axis (each row's): the payload in x's layout [rows, cols] and per block
+      [rows, cols / L] -- ``quantize(x, axis=-1)``;
+    * FIRST: blocks of L along the first axis (each column's): the payload in the transposed layout [cols, rows]
+      (the block view of ``quantize(x, axis=0)`` and of ``quantize(x.t(), axis=-1)``) and per block [cols, rows / L].
+
+    Each has its own tensor scale (``*_scalars``: G, 1/G, torchao's divisor), rounding and Philox stream; element
+    (r, c) draws at global index base + r * stride_row + c * stride_col."""
+    r = tl.program_id(0) * TILE_ROWS + tl.arange(0, TILE_ROWS)
+    c = tl.program_id(1) * TILE_COLS + tl.arange(0, TILE_COLS)
+    mask = (r < rows)[:, None] & (c < cols)[None, :]
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0)
+    if LAST:
+        global_scale = tl.load(last_scalars_ptr)
+        global_decode_scale = tl.load(last_scalars_ptr + 1)
+        per_tensor = tl.load(last_scalars_ptr + 2)
+        blocks = tl.reshape(x, [TILE_ROWS, TILE_COLS // L, L])
+        amax = tl.max(tl.abs(blocks), axis=2)  # [TILE_ROWS, TILE_COLS / L]
+        scale, flag = _block_scales(
+            amax,
+            global_scale,
+            per_tensor,
+            scale_max,
+            inv_f,
+            RULE,
+            ORDER,
+            SCALE_MBITS,
+            SCALE_EMIN,
+            SCALE_EMAX,
+            ZERO_REPAIR,
+        )
+        decode = scale * global_decode_scale
+        mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
+        bits = tl.zeros([TILE_ROWS, TILE_COLS], dtype=tl.int64)
+        if LAST_MODE >= 2:
+            index = last_base + r[:, None].to(tl.int64) * last_stride_row + c[None, :].to(tl.int64) * last_stride_col
+            bits = _philox_bits(index, last_seed, last_step, last_microbatch, LAST_BITS)
+        scaled = blocks * mult[:, :, None]
+        payload = _round_e2m1(scaled, tl.reshape(bits, [TILE_ROWS, TILE_COLS // L, L]), LAST_MODE)
+        tl.store(
+            last_payload_ptr + r[:, None].to(tl.int64) * cols + c[None, :],
+            tl.reshape(payload, [TILE_ROWS, TILE_COLS]),
+            mask=mask,
+        )
+        block_cols = tl.program_id(1) * (TILE_COLS // L) + tl.arange(0, TILE_COLS // L)
+        per_block = r[:, None].to(tl.int64) * (cols // L) + block_cols[None, :]
+        block_ok = (r < rows)[:, None] & (block_cols * L < cols)[None, :]
+        tl.store(last_amax_ptr + per_block, amax, mask=block_ok)
+        tl.store(last_scale_ptr + per_block, scale, mask=block_ok)
+        tl.store(last_decode_ptr + per_block, decode, mask=block_ok)
+        tl.store(last_flags_ptr + per_block, flag.to(tl.uint8), mask=block_ok)
+    if FIRST:
+        global_scale = tl.load(first_scalars_ptr)
+        global_decode_scale = tl.load(first_scalars_ptr + 1)
+        per_tensor = tl.load(first_scalars_ptr + 2)
+        blocks = tl.reshape(x, [TILE_ROWS // L, L, TILE_COLS])
+        amax = tl.max(tl.abs(blocks), axis=1)  # [TILE_ROWS / L, TILE_COLS]
+        scale, flag = _block_scales(
+            amax,
+            global_scale,
+            per_tensor,
+            scale_max,
+            inv_f,
+            RULE,
+            ORDER,
+            SCALE_MBITS,
+            SCALE_EMIN,
+            SCALE_EMAX,
+            ZERO_REPAIR,
+        )
+        decode = scale * global_decode_scale
+        mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
+        bits = tl.zeros([TILE_ROWS, TILE_COLS], dtype=tl.int64)
+        if FIRST_MODE >= 2:
+            index = first_base + r[:, None].to(tl.int64) * first_stride_row + c[None, :].to(tl.int64) * first_stride_col
+            bits = _philox_bits(index, first_seed, first_step, first_microbatch, FIRST_BITS)
+        scaled = blocks * mult[:, None, :]
+        payload = _round_e2m1(scaled, tl.reshape(bits, [TILE_ROWS // L, L, TILE_COLS]), FIRST_MODE)
+        tl.store(  # element (r, c) at [c, r] of the transposed layout
+            first_payload_ptr + c[None, :].to(tl.int64) * rows + r[:, None],
+            tl.reshape(payload, [TILE_ROWS, TILE_COLS]),
+            mask=mask,
+        )
+        block_rows = tl.program_id(0) * (TILE_ROWS // L) + tl.arange(0, TILE_ROWS // L)
+        per_block = c[None, :].to(tl.int64) * (rows // L) + block_rows[:, None]
+        block_ok = (block_rows * L < rows)[:, None] & (c < cols)[None, :]
+        tl.store(first_amax_ptr + per_block, amax, mask=block_ok)
+        tl.store(first_scale_ptr + per_block, scale, mask=block_ok)
+        tl.store(first_decode_ptr + per_block, decode, mask=block_ok)
+        tl.store(first_flags_ptr + per_block, flag.to(tl.uint8), mask=block_ok)
 
 
 def quantize_blocks(
@@ -272,3 +447,118 @@ def quantize_blocks(
             enable_fp_fusion=False,
         )
     return {"payload": payload, "flags": flags, **per_block}
+
+
+@dataclass(frozen=True)
+class AxisRequest:
+    """One of the two quantizations :func:`quantize_both_axes` computes: its tensor scale (0-dim device tensors: G,
+    1/G, torchao's divisor), its rounding, and for stochastic roundings its Philox stream with the global index of
+    element (r, c) of x: ``base + r * stride_row + c * stride_col``."""
+
+    global_scale: torch.Tensor
+    global_decode_scale: torch.Tensor
+    per_tensor: torch.Tensor
+    rounding: str
+    stream: object | None = None  # a ue5m3.numerics.philox.RandomStream
+    base: int = 0
+    stride_row: int = 0
+    stride_col: int = 0
+
+
+TILE_ROWS = TILE_COLS = 64  # elements of x per program of the two-axis kernel (multiples of every block size)
+
+
+def quantize_both_axes(
+    x: torch.Tensor,
+    *,
+    block: int,
+    rule: str,
+    order: str,
+    scale_max: float,
+    scale_mantissa_bits: int,
+    scale_min_exponent: int,
+    scale_max_exponent: int,
+    zero_scale_repair: bool,
+    last: AxisRequest | None,
+    first: AxisRequest | None,
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+    """Block quantization of a 2-D FP32 ``x`` [rows, cols] (both multiples of ``block``) along its last axis
+    (``last``) and along its first axis (``first``) from one read of x; either may be None (not computed).
+
+    Returns, per requested axis, the outputs of :func:`quantize_blocks` on that axis's block view: ``last`` on
+    [rows * cols / block, block] (rows of x), ``first`` on [cols * rows / block, block], the blocks of x's columns,
+    i.e. of x.t()'s rows (the transposed copy a backward GEMM reads, written directly)."""
+    if x.dtype != torch.float32 or x.ndim != 2:
+        raise ValueError("the two-axis kernel takes a 2-D FP32 tensor")
+    reason = usable(x.device)
+    if reason is not None:
+        raise ValueError(f"backend='triton' cannot run here: {reason}")
+    rows, cols = x.shape
+    if rows % block or cols % block or TILE_ROWS % block:
+        raise ValueError(f"the two-axis kernel needs both dimensions multiples of the block ({block}): {rows}x{cols}")
+    x = x.contiguous()
+    device = x.device
+
+    def outputs(request: AxisRequest | None, blocks: int) -> dict[str, torch.Tensor] | None:
+        if request is None:
+            return None
+        out = {k: torch.empty(blocks, dtype=torch.float32, device=device) for k in ("block_amax", "scales", "decode")}
+        out["flags"] = torch.empty(blocks, dtype=torch.uint8, device=device)
+        out["payload"] = torch.empty(blocks, block, dtype=torch.float32, device=device)
+        return out
+
+    def arguments(request: AxisRequest | None, out: dict | None) -> list:
+        if request is None:  # placeholders of the right kinds; the kernel never touches them
+            dummy = torch.zeros(3, dtype=torch.float32, device=device)
+            return [dummy, dummy, dummy, dummy, dummy, dummy, 0, 0, 0, 0, 0, 0]
+        scalars = torch.stack(
+            [
+                torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
+                for v in (request.global_scale, request.global_decode_scale, request.per_tensor)
+            ]
+        )
+        stream = request.stream
+        k0, k1 = stream.key if stream is not None else (0, 0)
+        return [
+            scalars,
+            out["payload"],
+            out["block_amax"],
+            out["scales"],
+            out["decode"],
+            out["flags"],
+            k0 | (k1 << 32),
+            stream.step if stream is not None else 0,
+            stream.microbatch if stream is not None else 0,
+            int(request.base),
+            int(request.stride_row),
+            int(request.stride_col),
+        ]
+
+    last_out, first_out = outputs(last, rows * cols // block), outputs(first, rows * cols // block)
+    if rows and cols and (last is not None or first is not None):
+        _quantize_both_axes_kernel[(triton.cdiv(rows, TILE_ROWS), triton.cdiv(cols, TILE_COLS))](
+            x,
+            rows,
+            cols,
+            scale_max,
+            INV_SIX,
+            *arguments(last, last_out),
+            *arguments(first, first_out),
+            L=block,
+            TILE_ROWS=TILE_ROWS,
+            TILE_COLS=TILE_COLS,
+            RULE=_RULE_IDS[rule],
+            ORDER=_ORDER_IDS[order],
+            SCALE_MBITS=scale_mantissa_bits,
+            SCALE_EMIN=scale_min_exponent,
+            SCALE_EMAX=scale_max_exponent,
+            ZERO_REPAIR=bool(zero_scale_repair),
+            LAST=last is not None,
+            LAST_MODE=_ROUNDING_IDS[last.rounding] if last is not None else 0,
+            LAST_BITS=_BIT_COUNTS[last.rounding] if last is not None else 0,
+            FIRST=first is not None,
+            FIRST_MODE=_ROUNDING_IDS[first.rounding] if first is not None else 0,
+            FIRST_BITS=_BIT_COUNTS[first.rounding] if first is not None else 0,
+            enable_fp_fusion=False,
+        )
+    return last_out, first_out
