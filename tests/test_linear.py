@@ -32,27 +32,47 @@ def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, 
 
 
 def _record_quantizer_calls(monkeypatch):
+    """Every operand quantization of the layer, single (quantize_operand) or one of a pair (quantize_operand_pair:
+    both axes of X or dY from one read), in call order."""
     calls = []
-    original = linear.quantize_operand
+    original, original_pair = linear.quantize_operand, linear.quantize_operand_pair
 
-    def recording(tensor, spec, scheme, **kwargs):
-        q = original(tensor, spec, scheme, **kwargs)
+    def record(spec, q, reference, stream, index, shape):
         calls.append(
             {
                 "operand": spec.operand,
                 "rounding": q.rounding.value,
                 "target": q.scheme.target,
                 "two_d": q.layout.two_d,
-                "reference": kwargs["reference"],
-                "stream": kwargs.get("stream"),
-                "index": kwargs.get("index"),
-                "shape": tuple(tensor.shape),
+                "reference": reference,
+                "stream": stream,
+                "index": index,
+                "shape": shape,
                 "q": q,
             }
         )
+
+    def recording(tensor, spec, scheme, **kwargs):
+        q = original(tensor, spec, scheme, **kwargs)
+        record(spec, q, kwargs["reference"], kwargs.get("stream"), kwargs.get("index"), tuple(tensor.shape))
         return q
 
+    def recording_pair(tensor, scheme, last, first, **kwargs):
+        pair = original_pair(tensor, scheme, last, first, **kwargs)
+        shape = tuple(tensor.shape)
+        record(last.spec, pair[0], last.reference, last.stream, last.index, shape)
+        record(
+            first.spec,
+            pair[1],
+            first.reference,
+            first.stream,
+            first.index,
+            shape[::-1] if kwargs["transposed"] else shape,
+        )
+        return pair
+
     monkeypatch.setattr(linear, "quantize_operand", recording)
+    monkeypatch.setattr(linear, "quantize_operand_pair", recording_pair)
     return calls
 
 
@@ -69,19 +89,20 @@ def test_proposed_recipe_makes_exactly_six_quantizer_calls_with_the_paper_settin
     layer, _ = _layer()
     calls = _record_quantizer_calls(monkeypatch)
     _step(layer)
-    # the forward pass also quantizes X's wgrad copy (its packed form is what the backward keeps)
+    # the forward pass also quantizes X's wgrad copy (its packed form is what the backward keeps); X's and dY's
+    # two copies come as pairs (one read of the tensor on the Triton backend)
     order = [
         Operand.FPROP_ACTIVATION,
-        Operand.FPROP_WEIGHT,
         Operand.WGRAD_ACTIVATION,
+        Operand.FPROP_WEIGHT,
         Operand.DGRAD_UPSTREAM_GRADIENT,
-        Operand.DGRAD_WEIGHT,
         Operand.WGRAD_UPSTREAM_GRADIENT,
+        Operand.DGRAD_WEIGHT,
     ]
     assert [c["operand"] for c in calls] == order
-    assert [c["rounding"] for c in calls] == ["rne", "rne", "rne", "sf", "rne", "sf"]
+    assert [c["rounding"] for c in calls] == ["rne", "rne", "rne", "sf", "sf", "rne"]
     assert [c["target"] for c in calls] == [448.0] * 6
-    assert [c["two_d"] for c in calls] == [False, True, False, False, True, False]
+    assert [c["two_d"] for c in calls] == [False, False, True, False, False, True]
 
 
 def test_both_backward_gemms_share_one_dy_reference_and_reuse_forward_references(monkeypatch):

@@ -39,7 +39,15 @@ from ue5m3.numerics.backend import Backend
 from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.philox import ElementIndex, RandomStream, SRState
-from ue5m3.numerics.quantize import BlockScheme, PackedQuantized, QuantizedTensor, get_scheme, quantize
+from ue5m3.numerics.quantize import (
+    AxisQuantization,
+    BlockScheme,
+    PackedQuantized,
+    QuantizedTensor,
+    get_scheme,
+    quantize,
+    quantize_both_axes,
+)
 from ue5m3.numerics.scaling import OperandRole, ScaleState
 
 __all__ = [
@@ -57,6 +65,8 @@ __all__ = [
     "set_weight_caching",
     "layer_index",
     "quantize_operand",
+    "quantize_operand_pair",
+    "OperandCall",
     "run_gemm",
 ]
 
@@ -80,6 +90,34 @@ class LinearPolicy:
     backend: Backend = Backend.AUTO
 
 
+@dataclass(frozen=True)
+class OperandCall:
+    """One operand quantization of a linear: its spec, tensor reference and name, whether stochastic rounding is on
+    (off in inference), and the Philox stream and global element index of its bits."""
+
+    spec: OperandSpec
+    reference: torch.Tensor | None
+    name: str
+    stochastic: bool = True
+    stream: RandomStream | None = None
+    index: ElementIndex | None = None
+
+    def settings(self) -> AxisQuantization:
+        """What :func:`~ue5m3.numerics.quantize.quantize` is called with: the spec's rounding (RNE when stochastic
+        rounding is off), target and reference; the stream and index only for a stochastic rounding."""
+        spec = self.spec
+        rounding = spec.rounding if self.stochastic or spec.rounding.random_bit_count == 0 else Rounding.RNE
+        stochastic_now = Rounding(rounding).random_bit_count > 0
+        return AxisQuantization(
+            rounding=rounding,
+            target=spec.target,
+            tensor_amax=self.reference,
+            stream=self.stream if stochastic_now else None,
+            index=self.index if stochastic_now else None,
+            name=self.name,
+        )
+
+
 def quantize_operand(
     tensor: torch.Tensor,
     spec: OperandSpec,
@@ -94,23 +132,42 @@ def quantize_operand(
     index: ElementIndex | None = None,
     checks: DeferredChecks | None = None,
 ) -> QuantizedTensor:
-    """Quantize one GEMM operand as its spec says (the single place every operand passes through); stochastic
-    rounding draws the Philox bits of ``stream`` at the global indices ``index`` places the operand at."""
-    rounding = spec.rounding if stochastic or spec.rounding.random_bit_count == 0 else "rne"
-    stochastic_now = Rounding(rounding).random_bit_count > 0
+    """Quantize one GEMM operand as its spec says (the single place every single operand passes through; pairs
+    go through :func:`quantize_operand_pair`); stochastic rounding draws the Philox bits of ``stream`` at the
+    global indices ``index`` places the operand at."""
+    settings = OperandCall(spec, reference, name, stochastic, stream, index).settings()
     return quantize(
         tensor,
         scheme,
-        tensor_amax=reference,
-        target=spec.target,
-        rounding=rounding,
+        tensor_amax=settings.tensor_amax,
+        target=settings.target,
+        rounding=settings.rounding,
         two_d=spec.two_d,
         axis=axis,
         name=name,
         backend=backend,
-        stream=stream if stochastic_now else None,
-        index=index if stochastic_now else None,
+        stream=settings.stream,
+        index=settings.index,
         checks=checks,
+    )
+
+
+def quantize_operand_pair(
+    tensor: torch.Tensor,
+    scheme: BlockScheme,
+    last: OperandCall,
+    first: OperandCall,
+    *,
+    transposed: bool,
+    backend: Backend = Backend.AUTO,
+    checks: DeferredChecks | None = None,
+) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """The two 1D quantizations of one 2-D tensor that a linear needs along both of its axes (X: fprop along
+    ``in`` and wgrad along tokens; dY: dgrad along ``out`` and wgrad along tokens, ``transposed``), from one read
+    of the tensor on the Triton backend (:func:`~ue5m3.numerics.quantize.quantize_both_axes`); the same bits as
+    two :func:`quantize_operand` calls."""
+    return quantize_both_axes(
+        tensor, scheme, last.settings(), first.settings(), transposed=transposed, backend=backend, checks=checks
     )
 
 
@@ -252,17 +309,33 @@ class FP4Matmul(torch.autograd.Function):
         checks = stats.checks
         ref_x = state.reference(OperandRole.ACTIVATION, name, x, checks) if state is not None else None
         ref_w = state.reference(OperandRole.WEIGHT, name, weight, checks) if state is not None else None
-        # fprop: A = X [T, in] along in; B = W^T [in, out] along in (2D tiles: W^T's tiles are W's, transposed)
-        x_q = quantize_operand(
-            x,
-            ops[Operand.FPROP_ACTIVATION],
-            scheme,
-            axis=-1,
-            reference=ref_x,
-            name=f"{name}.fprop.x",
-            backend=policy.backend,
-            checks=checks,
-        )
+        fprop_x = OperandCall(ops[Operand.FPROP_ACTIVATION], ref_x, f"{name}.fprop.x")
+        wgrad_spec = ops[Operand.WGRAD_ACTIVATION]
+        wgrad_xq = None
+        if ctx.needs_input_grad[1] and _pairable(fprop_x.spec, wgrad_spec):
+            # X along in (fprop) and along tokens (wgrad, same reference) from one read of X
+            x_q, wgrad_xq = quantize_operand_pair(
+                x,
+                scheme,
+                fprop_x,
+                OperandCall(wgrad_spec, ref_x, f"{name}.wgrad.x"),
+                transposed=False,
+                backend=policy.backend,
+                checks=checks,
+            )
+        else:
+            # fprop: A = X [T, in] along in
+            x_q = quantize_operand(
+                x,
+                fprop_x.spec,
+                scheme,
+                axis=-1,
+                reference=ref_x,
+                name=fprop_x.name,
+                backend=policy.backend,
+                checks=checks,
+            )
+        # fprop: B = W^T [in, out] along in (2D tiles: W^T's tiles are W's, transposed)
         wt_q = _weight_operand(
             weights, Operand.FPROP_WEIGHT, weight, step, policy, ref_w, checks, transpose=True, name=f"{name}.fprop.w"
         )
@@ -273,17 +346,19 @@ class FP4Matmul(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             # wgrad: B = X [T, in] along tokens, from the high-precision X (RHT'd along tokens if configured),
             # quantized now so that the backward holds its packed form instead of X
-            xt, xt_current = _wgrad_operand(x.t(), ops[Operand.WGRAD_ACTIVATION])
-            wgrad_x = quantize_operand(
-                xt.t(),
-                ops[Operand.WGRAD_ACTIVATION],
-                scheme,
-                axis=0,
-                reference=None if xt_current else ref_x,
-                name=f"{name}.wgrad.x",
-                checks=checks,
-                backend=policy.backend,
-            ).pack()
+            if wgrad_xq is None:
+                xt, xt_current = _wgrad_operand(x.t(), wgrad_spec)
+                wgrad_xq = quantize_operand(
+                    xt.t(),
+                    wgrad_spec,
+                    scheme,
+                    axis=0,
+                    reference=None if xt_current else ref_x,
+                    name=f"{name}.wgrad.x",
+                    checks=checks,
+                    backend=policy.backend,
+                )
+            wgrad_x = wgrad_xq.pack()
             ctx.wgrad_x, saved = wgrad_x, wgrad_x.tensors()
         ctx.save_for_backward(weight, *saved)
         ctx.x_dtype = x.dtype
@@ -309,20 +384,42 @@ class FP4Matmul(torch.autograd.Function):
         # One dY reference shared by both backward GEMMs.
         ref_dy = state.reference(OperandRole.UPSTREAM_GRADIENT, name, dy, checks) if state is not None else None
         grad_x = grad_w = None
+        dgrad_dy = OperandCall(
+            ops[Operand.DGRAD_UPSTREAM_GRADIENT],
+            ref_dy,
+            f"{name}.dgrad.dy",
+            ctx.stochastic,
+            **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
+        )
+        wgrad_spec = ops[Operand.WGRAD_UPSTREAM_GRADIENT]
+        dy_q = dyt_q = None
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and _pairable(dgrad_dy.spec, wgrad_spec):
+            # dY along out (dgrad) and along tokens (wgrad, written as dY^T) from one read of dY
+            wgrad_dy = OperandCall(
+                wgrad_spec,
+                ref_dy,
+                f"{name}.wgrad.dyt",
+                ctx.stochastic,
+                **bits(Operand.WGRAD_UPSTREAM_GRADIENT, (dy.shape[1], dy.shape[0]), 1),
+            )
+            dy_q, dyt_q = quantize_operand_pair(
+                dy, scheme, dgrad_dy, wgrad_dy, transposed=True, backend=policy.backend, checks=checks
+            )
         if ctx.needs_input_grad[0]:
             # dgrad: A = dY [T, out] along out; B = W [out, in] along out (the same 2D tiles as the forward pass)
-            dy_q = quantize_operand(
-                dy,
-                ops[Operand.DGRAD_UPSTREAM_GRADIENT],
-                scheme,
-                axis=-1,
-                reference=ref_dy,
-                name=f"{name}.dgrad.dy",
-                checks=checks,
-                stochastic=ctx.stochastic,
-                backend=policy.backend,
-                **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
-            )
+            if dy_q is None:
+                dy_q = quantize_operand(
+                    dy,
+                    dgrad_dy.spec,
+                    scheme,
+                    axis=-1,
+                    reference=ref_dy,
+                    name=dgrad_dy.name,
+                    checks=checks,
+                    stochastic=ctx.stochastic,
+                    backend=policy.backend,
+                    **bits(Operand.DGRAD_UPSTREAM_GRADIENT, tuple(dy.shape), 0),
+                )
             w_q = _weight_operand(
                 ctx.weights,
                 Operand.DGRAD_WEIGHT,
@@ -338,23 +435,30 @@ class FP4Matmul(torch.autograd.Function):
             grad_x = run_gemm(dy_q, w_q, policy.gemm, backend=policy.backend).to(ctx.x_dtype)  # [T, out] @ [out, in]
         if ctx.needs_input_grad[1]:
             # wgrad: A = dY^T [out, T] along tokens (RHT'd with current amax if configured); B = the saved X copy
-            dyt, dyt_current = _wgrad_operand(dy.t(), ops[Operand.WGRAD_UPSTREAM_GRADIENT])
-            dyt_q = quantize_operand(
-                dyt,
-                ops[Operand.WGRAD_UPSTREAM_GRADIENT],
-                scheme,
-                axis=-1,
-                reference=None if dyt_current else ref_dy,
-                name=f"{name}.wgrad.dyt",
-                checks=checks,
-                stochastic=ctx.stochastic,
-                backend=policy.backend,
-                **bits(Operand.WGRAD_UPSTREAM_GRADIENT, tuple(dyt.shape), 1),
-            )
+            if dyt_q is None:
+                dyt, dyt_current = _wgrad_operand(dy.t(), wgrad_spec)
+                dyt_q = quantize_operand(
+                    dyt,
+                    wgrad_spec,
+                    scheme,
+                    axis=-1,
+                    reference=None if dyt_current else ref_dy,
+                    name=f"{name}.wgrad.dyt",
+                    checks=checks,
+                    stochastic=ctx.stochastic,
+                    backend=policy.backend,
+                    **bits(Operand.WGRAD_UPSTREAM_GRADIENT, tuple(dyt.shape), 1),
+                )
             x_q = ctx.wgrad_x.with_tensors(tuple(saved)).unpack()
             ctx.stats.add(dyt_q), ctx.stats.add(x_q)
             grad_w = run_gemm(dyt_q, x_q, policy.gemm, backend=policy.backend).to(weight.dtype)  # [out, T] @ [T, in]
         return grad_x, grad_w, None, None, None, None, None, None
+
+
+def _pairable(along_features: OperandSpec, along_tokens: OperandSpec) -> bool:
+    """Whether one tensor's two quantizations can come from one read: both 1D, and the token-axis copy not
+    Hadamard-transformed (an RHT copy has its own input and current amax)."""
+    return not (along_features.two_d or along_tokens.two_d or along_tokens.rht)
 
 
 def _weight_operand(
