@@ -3,11 +3,16 @@
     python benchmarks/gpu_check.py [--out results/gpu_check.json] [--docs docs/performance.md] [--quick]
 
 1. Bit identity on the real hardware: the Triton quantize kernel (every named scheme, RCEIL, every rounding with
-   in-kernel Philox bits, 1D along either axis, 2D tiles, ragged shapes) and the Triton probe_matched GEMM against
-   the CPU reference computed in the same process, bit for bit.
+   in-kernel Philox bits, 1D along either axis, 2D tiles, ragged shapes), the two-axis kernel (both copies of X and
+   dY from one read), the Triton probe_matched GEMM on both of its paths (the exact FP16 tensor-core fast path and
+   the TwoSum path; the hardware's add.rz.f32; a negative value in the snap's dead zone) and a training step of the
+   FP4 linear against the CPU reference computed in the same process, bit for bit.
 2. Benchmarks as same-run ratios: quantize time against a device copy of the same tensor; probe_matched against a
-   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes; the FP4 linear forward+backward (time and peak memory)
-   against BF16 ``nn.Linear``; a two-layer Nemotron-H 8B training step (tokens/s, peak memory) against BF16.
+   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes (and with the fast path off, the exact path's cost); the FP4
+   linear forward+backward (time and peak memory) against BF16 ``nn.Linear``; a two-layer Nemotron-H 8B training
+   step (tokens/s, peak memory) against BF16.
+3. On a Hopper GPU (compute capability 9.x), the FP8 emulator identification of docs/identification.md at CPU-scale
+   corpus sizes: the structure the fitter finds in ``torch._scaled_mm`` with and without fast accumulation.
 
 It writes one JSON and replaces the "GPU check" section of docs/performance.md (between its markers) with the
 results and the GPU's name. Without a CUDA device it exits with status 2 and says so; nothing is written.
@@ -27,6 +32,7 @@ from pathlib import Path
 import torch
 
 BEGIN, END = "<!-- gpu-check:begin -->", "<!-- gpu-check:end -->"
+DEVICE = "cuda"  # tests run the identity suite on "cpu" under TRITON_INTERPRET=1 (the same code, in the interpreter)
 SHAPES_8B = {  # (tokens, in, out) of the Nemotron-H 8B linears at 8,192 tokens per microbatch
     "mamba in_proj": (8192, 4096, 18560),
     "mamba out_proj": (8192, 8192, 4096),
@@ -78,11 +84,31 @@ def bit_identity(quick: bool) -> list[dict]:
                 x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-6, 6, shape, generator=g).float())
                 sr = stream if rounding in ("sf", "sr_te", "sr") else None
                 ref = quantize(x, scheme, rounding=rounding, stream=sr, backend="torch", **kwargs)
-                got = quantize(x.cuda(), scheme, rounding=rounding, stream=sr, backend="triton", **kwargs)
+                got = quantize(x.to(DEVICE), scheme, rounding=rounding, stream=sr, backend="triton", **kwargs)
                 equal = all(
                     _same_bits(getattr(got, f), getattr(ref, f)) for f in ("payload", "scales", "decode_scales")
                 )
                 out.append({"case": f"quantize {scheme_name} {rounding} {layout}", "equal": equal})
+    from ue5m3.numerics.quantize import AxisQuantization, quantize_both_axes
+
+    for scheme_name in ("ue5m3_b16", "nvfp4", "mxfp4"):
+        for rounding in ("rne", "sf", "sr_te"):
+            if quick and rounding == "sr_te":
+                continue
+            x = torch.randn(320, 448, generator=g) * torch.exp2(torch.randint(-6, 6, (1, 448), generator=g).float())
+            sr = stream if rounding != "rne" else None
+            last, first = AxisQuantization(rounding=rounding, stream=sr), AxisQuantization(rounding=rounding, stream=sr)
+            ref = (
+                quantize(x, scheme_name, rounding=rounding, stream=sr, backend="torch"),
+                quantize(x.t(), scheme_name, rounding=rounding, stream=sr, backend="torch"),
+            )
+            got = quantize_both_axes(x.to(DEVICE), scheme_name, last, first, transposed=True, backend="triton")
+            equal = all(
+                _same_bits(getattr(q, f), getattr(r, f))
+                for q, r in zip(got, ref, strict=True)
+                for f in ("payload", "scales", "decode_scales")
+            )
+            out.append({"case": f"quantize both axes {scheme_name} {rounding}", "equal": equal})
     for scheme_name in ("ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"):
         for two_d in (False, True):
             for rounding, grid in (("rtz", 1024), ("rne", None)):
@@ -90,19 +116,83 @@ def bit_identity(quick: bool) -> list[dict]:
                 b = torch.randn(512, 160, generator=g)
                 a_q, b_q = quantize(a, scheme_name), quantize(b, scheme_name, axis=0, two_d=two_d)
                 ref = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding, final_grid=grid)
-                a_g, b_g = quantize(a.cuda(), scheme_name), quantize(b.cuda(), scheme_name, axis=0, two_d=two_d)
+                a_g, b_g = quantize(a.to(DEVICE), scheme_name), quantize(b.to(DEVICE), scheme_name, axis=0, two_d=two_d)
                 got = gemm.matmul(
                     a_g, b_g, "probe_matched", cross_slice_rounding=rounding, final_grid=grid, backend="triton"
                 )
                 out.append(
                     {"case": f"probe_matched {scheme_name} 2d={two_d} {rounding}", "equal": _same_bits(got, ref)}
                 )
+    out += _probe_paths_identity(g)
+    out.append({"case": "FP4 linear training step (ue5m3_b16, SR)", "equal": _linear_step_identity()})
     return out
+
+
+def _probe_paths_identity(g: torch.Generator) -> list[dict]:
+    """Both paths of the Triton probe_matched kernel, forced, against the CPU reference: operands whose blocks lie
+    far apart (the bounds send them to the exact path unless forced) and a value in the snap's dead zone."""
+    from ue5m3.numerics import gemm
+    from ue5m3.numerics.kernels import triton_gemm
+    from ue5m3.numerics.quantize import quantize
+
+    spread = torch.exp2(3 * torch.randn(256, 512 // 16, generator=g)).repeat_interleave(16, 1)
+    a = torch.randn(256, 512, generator=g) * spread
+    b = torch.randn(512, 192, generator=g)
+    dead = torch.zeros(2, 64)
+    dead[0, 0], dead[1, 0], dead[0, 16] = -1.0, 1.0, 2.0**20
+    dead_b = torch.zeros(64, 2)
+    dead_b[0], dead_b[32] = 1.0, 2.0**20
+    out = []
+    for label, (x, w) in {"wide blocks": (a, b), "dead zone": (dead, dead_b)}.items():
+        a_q, b_q = quantize(x, "ue5m3_b16"), quantize(w, "ue5m3_b16", axis=0)
+        ref = gemm.matmul(a_q, b_q, "probe_matched")
+        a_g, b_g = quantize(x.to(DEVICE), "ue5m3_b16"), quantize(w.to(DEVICE), "ue5m3_b16", axis=0)
+        for path, bound in (("bounded", triton_gemm.FAST_BOUND), ("exact path", 0.0)):
+            got = triton_gemm.probe_gemm_payload(
+                a_g.payload,
+                a_g.scales,
+                b_g.payload,
+                b_g.scales,
+                block=16,
+                column_block=1,
+                width=64,
+                rtz=True,
+                grid=1024,
+                alpha=gemm.alpha(a_g, b_g),
+                fast_bound=bound,
+            )
+            out.append({"case": f"probe_matched {label}, {path}", "equal": _same_bits(got, ref)})
+    return out
+
+
+def _linear_step_identity() -> bool:
+    """Output, input gradient and weight gradient of one FP4 linear step (SR streams, the pairs) on the GPU's Triton
+    backend against the CPU's."""
+    from torch import nn
+
+    from ue5m3.layers import recipes
+    from ue5m3.layers.linear import convert, find_scale_state
+    from ue5m3.numerics.philox import SRState
+
+    def step(device: str, backend: str) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(512, 384, bias=False)).to(device)
+        sr = SRState(3)
+        convert(model, recipes.get("ue5m3_b16"), select=["0"], sr_state=sr, backend=backend)
+        find_scale_state(model).begin_step(1)
+        sr.begin_step(1)
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(256, 512, generator=gen).to(device).requires_grad_()
+        y = model(x)
+        y.backward(torch.randn(y.shape, generator=gen).to(device))
+        return y.detach(), x.grad, model[0].weight.grad
+
+    return all(_same_bits(a, b) for a, b in zip(step(DEVICE, "triton"), step("cpu", "auto"), strict=True))
 
 
 def bench_quantize(repeats: int) -> list[dict]:
     from ue5m3.numerics.philox import RandomStream
-    from ue5m3.numerics.quantize import quantize
+    from ue5m3.numerics.quantize import AxisQuantization, quantize, quantize_both_axes
 
     x = torch.randn(8192, 8192, device="cuda")
     stream = RandomStream(seed=0, module="bench", role="dgrad_upstream_gradient", step=1)
@@ -113,6 +203,10 @@ def bench_quantize(repeats: int) -> list[dict]:
         "ue5m3_b16 1D SF": lambda: quantize(x, "ue5m3_b16", rounding="sf", stream=stream, backend="triton"),
         "ue5m3_b16 2D tiles": lambda: quantize(x, "ue5m3_b16", two_d=True, backend="triton"),
         "nvfp4 sr_te": lambda: quantize(x, "nvfp4", rounding="sr_te", stream=stream, backend="triton"),
+        # two outputs from one read: against one copy, 1.0 would be two quantizations at copy speed each
+        "ue5m3_b16 both axes (X fprop + wgrad copy)": lambda: quantize_both_axes(
+            x, "ue5m3_b16", AxisQuantization(), AxisQuantization(), backend="triton"
+        ),
     }.items():
         t = _time(fn, repeats)
         rows.append({"case": name, "seconds": t, "copy_bandwidth_fraction": copy / t})
@@ -121,6 +215,7 @@ def bench_quantize(repeats: int) -> list[dict]:
 
 def bench_gemm(repeats: int, quick: bool) -> list[dict]:
     from ue5m3.numerics import gemm
+    from ue5m3.numerics.kernels import triton_gemm
     from ue5m3.numerics.quantize import quantize
 
     rows = []
@@ -132,10 +227,44 @@ def bench_gemm(repeats: int, quick: bool) -> list[dict]:
         a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0, two_d=True)
         base = _time(lambda a16=a16, b16=b16: torch.mm(a16, b16), repeats)
         t = _time(lambda a_q=a_q, b_q=b_q: gemm.matmul(a_q, b_q, "probe_matched", backend="triton"), repeats)
+        exact_path = _time(lambda a_q=a_q, b_q=b_q: _probe(a_q, b_q, 0.0)[0], max(1, repeats // 3))
+        fraction = float(_probe(a_q, b_q, triton_gemm.FAST_BOUND)[1].float().mean())
         rows.append(
-            {"case": f"probe_matched {label} {m}x{k}x{n}", "seconds": t, "bf16_mm_seconds": base, "x_bf16": t / base}
+            {
+                "case": f"probe_matched {label} {m}x{k}x{n} (exact path on {100 * fraction:.1f}% of tile-slices)",
+                "seconds": t,
+                "bf16_mm_seconds": base,
+                "x_bf16": t / base,
+            }
+        )
+        rows.append(
+            {
+                "case": f"probe_matched {label}, fast path off (TwoSum everywhere)",
+                "seconds": exact_path,
+                "x_bf16": exact_path / base,
+            }
         )
     return rows
+
+
+def _probe(a_q, b_q, bound: float):
+    from ue5m3.numerics import gemm
+    from ue5m3.numerics.kernels import triton_gemm
+
+    return triton_gemm.probe_gemm_payload(
+        a_q.payload,
+        a_q.scales,
+        b_q.payload,
+        b_q.scales,
+        block=16,
+        column_block=16 if b_q.layout.two_d else 1,
+        width=64,
+        rtz=True,
+        grid=1024,
+        alpha=gemm.alpha(a_q, b_q),
+        paths=True,
+        fast_bound=bound,
+    )
 
 
 def bench_linear(repeats: int) -> list[dict]:
@@ -222,6 +351,38 @@ def bench_step(repeats: int) -> list[dict]:
     return rows
 
 
+def identify_hopper(quick: bool) -> list[dict]:
+    """The FP8 identification of docs/identification.md on this Hopper GPU, at CPU-scale corpus sizes: the
+    candidates matching every probe of ``torch._scaled_mm`` with and without fast accumulation."""
+    from ue5m3.identify import CorpusConfig, candidate_grid, fit, make_corpus
+    from ue5m3.identify.oracles import HopperFP8Oracle
+
+    corpus = make_corpus(CorpusConfig(scheme="fp8_e4m3"))
+    grid = candidate_grid(
+        slice_widths=(16, 32, 64, 128),
+        partial_bits=(None, 12, 13, 14, 24) if quick else (None, 12, 13, 14, 15, 24),
+        roundings=("rne", "rtz"),
+        promotions=(None, 128) if quick else (None, 128, 256, 512),
+        final_grids=(None,),
+        extra=(),
+    )
+    rows = []
+    for fast in (False, True):
+        start = time.perf_counter()
+        table = fit(corpus, HopperFP8Oracle(fast_accum=fast), grid)
+        rows.append(
+            {
+                "case": f"Hopper FP8 identification, use_fast_accum={fast}",
+                "identified": table.identified(),
+                "best": table.best(),
+                "cells": table.cells,
+                "best_score": table.score(table.best()),
+                "seconds": time.perf_counter() - start,
+            }
+        )
+    return rows
+
+
 def render_markdown(result: dict) -> str:
     """The docs section for one check's JSON result."""
     lines = [
@@ -252,6 +413,9 @@ def render_markdown(result: dict) -> str:
         if "peak_mib" in row:
             extra += f", peak {row['peak_mib']:.0f} MiB (BF16 {row['bf16_peak_mib']:.0f} MiB)"
         lines.append(f"| {row['case']}{extra} | {row['seconds']:.4f} | {ratio} |")
+    for row in result.get("identification", []):
+        found = ", ".join(row["identified"]) or f"none; best {row['best']} with {row['best_score']}/{row['cells']}"
+        lines += ["", f"{row['case']} ({row['cells']} cells, {row['seconds']:.0f} s): {found}."]
     lines.append(END)
     return "\n".join(lines)
 
@@ -273,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/gpu_check.json"))
     parser.add_argument("--docs", type=Path, default=Path("docs/performance.md"))
     parser.add_argument("--quick", action="store_true", help="fewer cases and shapes (about 2 minutes)")
+    parser.add_argument("--skip-identification", action="store_true", help="no Hopper FP8 identification")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; this check runs on a machine with a CUDA GPU (nothing written)")
@@ -283,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     identity = bit_identity(args.quick)
     benchmarks = bench_quantize(repeats) + bench_gemm(repeats, args.quick) + bench_linear(repeats)
     benchmarks += bench_step(2 if args.quick else 5)
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    identification = identify_hopper(args.quick) if hopper and not args.skip_identification else []
     result = {
         "date": datetime.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
@@ -295,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         "different": [c["case"] for c in identity if not c["equal"]],
         "identity": identity,
         "benchmarks": benchmarks,
+        "identification": identification,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

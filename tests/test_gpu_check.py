@@ -51,6 +51,16 @@ def test_results_fill_the_docs_section_between_its_markers(tmp_path):
                 "x_bf16": 1.8,
             },
         ],
+        "identification": [
+            {
+                "case": "Hopper FP8 identification, use_fast_accum=False",
+                "identified": ["w32-fused13-rtz-p128"],
+                "best": "w32-fused13-rtz-p128",
+                "cells": 900,
+                "best_score": 900,
+                "seconds": 12.0,
+            }
+        ],
     }
     check.update_docs(docs, check.render_markdown(result))
     text = docs.read_text()
@@ -58,7 +68,24 @@ def test_results_fill_the_docs_section_between_its_markers(tmp_path):
     assert "NVIDIA H200" in text and "2 of 3 cases identical; different: quantize nvfp4 sr 2d" in text
     assert "| probe_matched mlp | 0.0100 | 2.50 x BF16 |" in text and "8192 tokens/s, 30.0 GiB peak" in text
     assert "| FP4 linear, peak 900 MiB (BF16 500 MiB) | 0.0200 | 1.90 x BF16 |" in text
+    assert "use_fast_accum=False (900 cells, 12 s): w32-fused13-rtz-p128." in text
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     with pytest.raises(ValueError, match="no '<!-- gpu-check:begin -->'"):
         check.update_docs(plain, "s")
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_the_bit_identity_suite_passes_in_the_interpreter(monkeypatch):
+    """The quick identity suite, device set to the CPU under TRITON_INTERPRET=1: the check's own code paths run
+    before it ever meets a GPU, and every case is identical there too."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("runs the Triton kernels in the interpreter on a machine without a GPU")
+    check = _module()
+    monkeypatch.setattr(check, "DEVICE", "cpu")
+    cases = check.bit_identity(quick=True)
+    assert len(cases) > 40
+    assert [c["case"] for c in cases if not c["equal"]] == []
