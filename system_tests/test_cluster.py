@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,26 +92,31 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in lines]
 
 
-def _assert_equals_direct_run(work: Path, run_dir: Path, step: int, *launch: str) -> None:
-    """Train the run's own config again, outside SLURM, with ``launch`` (the command before `train`), and compare
-    the checkpoint of ``step`` and the metrics bit for bit."""
+def _start_direct_run(work: Path, run_dir: Path, name: str, *launch: str) -> subprocess.Popen:
+    """Train the run's own config again, outside SLURM, in results/<name>, with ``launch`` (the command before
+    `train`); returns the running process."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    config["run_dir"] = "results/direct"
-    (work / "direct.yaml").write_text(yaml.safe_dump(config))
-    direct = subprocess.run(
-        [*launch, "train", "--config", "direct.yaml"],
+    config["run_dir"] = f"results/{name}"
+    (work / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    return subprocess.Popen(
+        [*launch, "train", "--config", f"{name}.yaml"],
         cwd=work,
         env=_env(),
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
-        check=False,
     )
-    assert direct.returncode == 0, direct.stderr[-4000:]
-    a, b = _model(run_dir, step), _model(work / "results" / "direct", step)
+
+
+def _assert_equals_direct_run(work: Path, run_dir: Path, step: int, direct: subprocess.Popen, name: str) -> None:
+    """The checkpoint of ``step``, the metrics and the weights' provenance hash of the run equal those of the
+    direct run, bit for bit."""
+    _, err = direct.communicate(timeout=900)
+    assert direct.returncode == 0, err[-4000:]
+    a, b = _model(run_dir, step), _model(work / "results" / name, step)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert _metrics(run_dir) == _metrics(work / "results" / "direct")
-    finals = [json.loads((d / "final.json").read_text()) for d in (run_dir, work / "results" / "direct")]
+    assert _metrics(run_dir) == _metrics(work / "results" / name)
+    finals = [json.loads((d / "final.json").read_text()) for d in (run_dir, work / "results" / name)]
     assert finals[0]["checkpoint_sha256"] == finals[1]["checkpoint_sha256"]  # the weights' provenance hash too
 
 
@@ -126,7 +132,8 @@ def test_training_launched_by_srun_and_torchrun_equals_the_same_run_without_slur
     assert job
 
     # the same two-process run without SLURM
-    _assert_equals_direct_run(workdir, run_dir, 4, "torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ue5m3")
+    launch = ("torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ue5m3")
+    _assert_equals_direct_run(workdir, run_dir, 4, _start_direct_run(workdir, run_dir, "direct", *launch), "direct")
 
 
 def test_an_evaluation_job_runs_on_the_gpu_partition_with_a_gpu(workdir):
@@ -140,31 +147,67 @@ def test_an_evaluation_job_runs_on_the_gpu_partition_with_a_gpu(workdir):
     assert record["policy"] == "cold_d50_replay"
 
 
-def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoint(cluster, tmp_path):
-    """runtime 3 minutes with --signal=USR1@120: SLURM signals the job's steps a minute in (once: the rule's step
-    must exist by then, which Snakemake's start inside the job takes about 20 s of), the trainer writes a checkpoint
-    of that step and exits; Snakemake resubmits (retries) and the run resumes. The result is the same bytes as the
-    run trained in one go without SLURM."""
-    shutil.copytree(ROOT / "config", tmp_path / "config")
-    config = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
-    config["training"].update(
-        seeds=[1], steps=70, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=2
-    )
-    config["data"].update(max_documents=120, validation_fraction=0.1, calibration_fraction=0.1)
-    config["evaluation"]["steps"] = [70]
-    config["launcher"] = "ue5m3"
-    (tmp_path / "config" / "tiny.yaml").write_text(yaml.safe_dump(config))
-    command = ["snakemake", f"{RUN}/final.json", "--profile", "cluster", "--workflow-profile", "cluster/local/profile"]
-    command += ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), "--retries", "9"]
-    command += ["--set-resources", "train_run:runtime=3", "train_run:tasks=1"]  # no mpi: the rule runs as a job step
-    command += ["train_run:slurm_extra='--signal=USR1@120'", "--configfile", str(tmp_path / "config" / "tiny.yaml")]
-    result = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    attempts = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*rule_train_run\b", output)
-    assert len(attempts) >= 2, f"the run finished inside one job; nothing was resumed:\n{output[-3000:]}"
-    log = (tmp_path / "logs" / "train" / "main" / "ue5m3_b16" / "seed1" / "train.log").read_text()
-    assert "resumed from" in log, log[-2000:]
+def _running_job(rule: str) -> str | None:
+    """The SLURM job id of the running job of ``rule`` (the executor puts the rule in the job's comment)."""
+    shown = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %k"], env=_env(), capture_output=True, text=True)
+    found = [line.split()[0] for line in shown.stdout.splitlines() if f"rule_{rule}" in line]
+    return found[0] if found else None
 
-    run_dir = tmp_path / RUN
-    _assert_equals_direct_run(tmp_path, run_dir, 70, "ue5m3")
+
+def _elapsed_seconds(job: str) -> int:
+    shown = subprocess.run(["scontrol", "show", "job", job], env=_env(), capture_output=True, text=True, check=True)
+    days, _, clock = re.search(r"RunTime=(\S+)", shown.stdout).group(1).rpartition("-")
+    hours, minutes, seconds = (int(v) for v in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoint(workdir):
+    """A training job submitted with `--signal=USR1@120` (the profile's signal-before-the-limit pattern) has its time
+    limit moved, once it is training, to 2 minutes from now (SLURM's minute resolution rounds it up): slurmctld sends
+    the warning signal to the job step at its next periodic check, as it would 2 minutes before a real limit. The
+    trainer writes a checkpoint of that step and exits; Snakemake resubmits (retries), the run resumes and ends with
+    the same bytes as the run trained in one go without SLURM (trained meanwhile on the other core).
+
+    The run is sized to outlast the signal's latency (under a minute) with a margin: about 2 minutes of training on
+    this project's 2-core machine. It reuses the module's prepared data (a second seed of the same configuration)."""
+    config = yaml.safe_load((workdir / "config" / "tiny.yaml").read_text())
+    config["training"].update(
+        seeds=[2], steps=200, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=2
+    )
+    config["evaluation"]["steps"] = [200]
+    config["launcher"] = "ue5m3"
+    (workdir / "config" / "time_limit.yaml").write_text(yaml.safe_dump(config))
+    run = "results/train/main/ue5m3_b16/seed2"
+    command = ["snakemake", f"{run}/final.json", "--profile", "cluster", "--workflow-profile", "cluster/local/profile"]
+    command += ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), "--retries", "2"]
+    command += ["--set-resources", "train_run:runtime=30", "train_run:tasks=1"]  # no mpi: the rule is a job step
+    command += ["train_run:slurm_extra='--signal=USR1@120'"]
+    command += ["--configfile", str(workdir / "config" / "time_limit.yaml")]
+    log_path = workdir / "time_limit_snakemake.log"  # a file, not a pipe: nothing reads it until the end
+    with open(log_path, "w") as sink:
+        workflow = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=sink, stderr=subprocess.STDOUT, text=True)
+    run_dir, direct, moved = workdir / run, None, None
+    try:
+        deadline = time.monotonic() + 1200
+        while workflow.poll() is None and time.monotonic() < deadline:
+            if direct is None and (run_dir / "config.yaml").exists():
+                direct = _start_direct_run(workdir, run_dir, "direct-seed2", "ue5m3")
+            metrics = run_dir / "metrics.jsonl"
+            if moved is None and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+                job = _running_job("train_run")
+                if job is not None:
+                    limit = -(-(_elapsed_seconds(job) + 120) // 60)  # minutes, rounded up: the signal is due now
+                    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={limit}"], env=_env(), check=True)
+                    moved = job
+            time.sleep(0.5)
+        output = log_path.read_text()
+        assert workflow.returncode == 0, output[-6000:]
+    finally:
+        if workflow.poll() is None:
+            workflow.kill()
+    assert moved is not None, "the time limit was never moved: the first job finished before 3 logged steps"
+    attempts = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*rule_train_run\b", output)
+    assert len(attempts) == 2 and attempts[0] == moved, f"expected one resubmission of job {moved}:\n{output[-3000:]}"
+    log = (workdir / "logs" / "train" / "main" / "ue5m3_b16" / "seed2" / "train.log").read_text()
+    assert "resumed from" in log, log[-2000:]
+    _assert_equals_direct_run(workdir, run_dir, 200, direct, "direct-seed2")

@@ -19,7 +19,8 @@ Two kernels, with no [slices, M, N] intermediate and no host read:
   - **exact path**, for a tile-slice the bounds do not cover (block scales far apart inside a slice, huge or tiny
     scales): each block's payload dot on the tensor cores (exact: a block sum stays below 2^13 quarters), both
     block scales applied in FP64 (at most 20 significant bits) and the block terms summed by a TwoSum chain,
-    exactly as ``exact.twosum_chain_to_fp32``, then rounded once to FP32 (RNE).
+    exactly as ``exact.twosum_chain_to_fp32``, then rounded once to FP32 (RNE); 32 rows at a time, through the
+    tile's own place in the output as scratch, so that its FP64 tiles fit in registers.
   - the slice sum joins the accumulator in K order with a round-toward-zero FP32 addition (the hardware's
     ``add.rz.f32`` on the GPU; TwoSum and a one-ulp step toward zero in the interpreter, the same IEEE result) or
     an RNE one.
@@ -143,6 +144,50 @@ def _prepare_kernel(
 
 
 @triton.jit
+def _exact_slice_sum(
+    pa_ptr,
+    sa_ptr,
+    pb_ptr,
+    sb_ptr,
+    rows,
+    cols,
+    m,
+    n,
+    k,
+    s,
+    scale_cols,
+    BLOCK: tl.constexpr,
+    COLUMN_BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr,
+):
+    """The slice [s, s + WIDTH) of the outputs (rows, cols), each the RNE-to-FP32 of its exact sum: each block's
+    payload dot on the tensor cores (exact: a block sum stays below 2^13 quarters), both block scales applied in
+    FP64 (at most 20 significant bits) and the block terms summed by a TwoSum chain, exactly as
+    ``exact.twosum_chain_to_fp32`` (exact while the terms span at most 106 bits, the CPU path's chain beyond)."""
+    row_ok, col_ok = rows < m, cols < n
+    sub = tl.arange(0, BLOCK)
+    sa_cols = k // BLOCK
+    hi = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float64)
+    lo = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float64)
+    for jj in range(s, s + WIDTH, BLOCK):
+        kk = jj + sub
+        pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
+        pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
+        block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
+        scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + jj // BLOCK, mask=row_ok, other=0.0)
+        scale_b = tl.load(sb_ptr + (jj // BLOCK) * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=0.0)
+        both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
+        term = block_sum.to(tl.float64) * both  # the block's exact partial sum (at most 20 bits)
+        if jj == s:
+            hi = term
+        else:
+            hi, err = _two_sum(hi, term)
+            lo = lo + err
+    hi, lo = _two_sum(hi, lo)
+    return _round_fp64_to_fp32_exact(hi, lo)  # the one RNE rounding of the slice's exact sum
+
+
+@triton.jit
 def _probe_kernel(
     pa_ptr,
     sa_ptr,
@@ -173,13 +218,12 @@ def _probe_kernel(
     SNAP: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
+    SUB: tl.constexpr,
 ):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok, col_ok = rows < m, cols < n
-    sub = tl.arange(0, BLOCK)
     span = tl.arange(0, WIDTH)
-    sa_cols = k // BLOCK
     slices = k // WIDTH
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for s in range(0, k, WIDTH):
@@ -201,24 +245,18 @@ def _probe_kernel(
             shift_b = tl.load(shift_b_ptr + stat_b, mask=col_ok, other=0)
             p = (exact * _pow2(shift_a)[:, None]) * _pow2(shift_b)[None, :]  # exact: powers of two, normal range
         else:
-            hi = tl.zeros([BM, BN], dtype=tl.float64)
-            lo = tl.zeros([BM, BN], dtype=tl.float64)
-            for jj in range(s, s + WIDTH, BLOCK):
-                kk = jj + sub
-                pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
-                pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
-                block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
-                scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + jj // BLOCK, mask=row_ok, other=0.0)
-                scale_b = tl.load(sb_ptr + (jj // BLOCK) * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=0.0)
-                both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
-                term = block_sum.to(tl.float64) * both  # the block's exact partial sum (at most 20 bits)
-                if jj == s:
-                    hi = term
-                else:  # TwoSum chain, exactly as ``exact.twosum_chain_to_fp32``: exact while terms span <= 106 bits
-                    hi, err = _two_sum(hi, term)
-                    lo = lo + err
-            hi, lo = _two_sum(hi, lo)
-            p = _round_fp64_to_fp32_exact(hi, lo)  # the one RNE rounding of the slice's exact sum
+            # the exact path, SUB rows at a time (FP64 tiles of the whole output tile would not fit in registers):
+            # each chunk's slice sums go to the tile's own place in the output as scratch, read back whole below
+            for r0 in tl.static_range(0, BM, SUB):
+                sub_rows = tl.program_id(0) * BM + r0 + tl.arange(0, SUB)
+                p_sub = _exact_slice_sum(
+                    pa_ptr, sa_ptr, pb_ptr, sb_ptr, sub_rows, cols, m, n, k, s, scale_cols, BLOCK, COLUMN_BLOCK, WIDTH
+                )
+                out_at = c_ptr + sub_rows[:, None].to(tl.int64) * n + cols[None, :]
+                tl.store(out_at, p_sub, mask=(sub_rows < m)[:, None] & col_ok[None, :])
+            tl.debug_barrier()  # every thread of the program sees the chunks the others stored
+            out_at = c_ptr + rows[:, None].to(tl.int64) * n + cols[None, :]
+            p = tl.load(out_at, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         tile = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * slices + j
         tl.store(paths_ptr + tile, (1 - fast.to(tl.int32)).to(tl.uint8))
         if RTZ:
@@ -360,6 +398,7 @@ def probe_gemm_payload(
         SNAP=grid is not None,
         BM=tile,
         BN=tile,
+        SUB=min(tile, 32),
         num_warps=8 if tile >= 128 else 4,
         enable_fp_fusion=False,
     )

@@ -28,7 +28,7 @@ _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
 _RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
-FP32_MAX = 3.4028234663852886e38
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a constexpr global: kernels may read only those
 INV_SIX = 0.1666666716337204  # fp32(1/6), the FP32 constant 1/F
 
 
