@@ -33,6 +33,9 @@ import torch
 
 BEGIN, END = "<!-- gpu-check:begin -->", "<!-- gpu-check:end -->"
 DEVICE = "cuda"  # tests run the identity suite on "cpu" under TRITON_INTERPRET=1 (the same code, in the interpreter)
+# Sizes of the identity cases: rows x columns of a quantized tensor, rows x K x columns of a GEMM and of the linear
+# step (tokens x in x out). The interpreter test shrinks them; the kernels' paths and edges stay the same.
+SIZES = {"quantize": (256, 512), "both_axes": (320, 448), "gemm": (192, 512, 160), "linear": (256, 512, 384)}
 SHAPES_8B = {  # (tokens, in, out) of the Nemotron-H 8B linears at 8,192 tokens per microbatch
     "mamba in_proj": (8192, 4096, 18560),
     "mamba out_proj": (8192, 8192, 4096),
@@ -71,7 +74,8 @@ def bit_identity(quick: bool) -> list[dict]:
     schemes["mx_rceil"] = BlockScheme(
         name="mx_rceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_RCEIL
     )
-    layouts = {"1d": ((256, 512), {}), "axis0": ((512, 96), {"axis": 0}), "2d": ((256, 256), {"two_d": True})}
+    rows, cols = SIZES["quantize"]
+    layouts = {"1d": ((rows, cols), {}), "axis0": ((cols, 96), {"axis": 0}), "2d": ((rows, rows), {"two_d": True})}
     layouts["ragged"] = ((97, 200), {})
     stream = RandomStream(seed=7, module="gpu_check", role="dgrad_upstream_gradient", step=1)
     out = []
@@ -95,7 +99,8 @@ def bit_identity(quick: bool) -> list[dict]:
         for rounding in ("rne", "sf", "sr_te"):
             if quick and rounding == "sr_te":
                 continue
-            x = torch.randn(320, 448, generator=g) * torch.exp2(torch.randint(-6, 6, (1, 448), generator=g).float())
+            rows, cols = SIZES["both_axes"]
+            x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-6, 6, (1, cols), generator=g).float())
             sr = stream if rounding != "rne" else None
             last, first = AxisQuantization(rounding=rounding, stream=sr), AxisQuantization(rounding=rounding, stream=sr)
             ref = (
@@ -112,8 +117,9 @@ def bit_identity(quick: bool) -> list[dict]:
     for scheme_name in ("ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4"):
         for two_d in (False, True):
             for rounding, grid in (("rtz", 1024), ("rne", None)):
-                a = torch.randn(192, 512, generator=g)
-                b = torch.randn(512, 160, generator=g)
+                m, k, n = SIZES["gemm"]
+                a = torch.randn(m, k, generator=g)
+                b = torch.randn(k, n, generator=g)
                 a_q, b_q = quantize(a, scheme_name), quantize(b, scheme_name, axis=0, two_d=two_d)
                 ref = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding, final_grid=grid)
                 a_g, b_g = quantize(a.to(DEVICE), scheme_name), quantize(b.to(DEVICE), scheme_name, axis=0, two_d=two_d)
@@ -135,9 +141,10 @@ def _probe_paths_identity(g: torch.Generator) -> list[dict]:
     from ue5m3.numerics.kernels import triton_gemm
     from ue5m3.numerics.quantize import quantize
 
-    spread = torch.exp2(3 * torch.randn(256, 512 // 16, generator=g)).repeat_interleave(16, 1)
-    a = torch.randn(256, 512, generator=g) * spread
-    b = torch.randn(512, 192, generator=g)
+    m, k, n = SIZES["gemm"]
+    spread = torch.exp2(3 * torch.randn(m, k // 16, generator=g)).repeat_interleave(16, 1)
+    a = torch.randn(m, k, generator=g) * spread
+    b = torch.randn(k, n, generator=g)
     dead = torch.zeros(2, 64)
     dead[0, 0], dead[1, 0], dead[0, 16] = -1.0, 1.0, 2.0**20
     dead_b = torch.zeros(64, 2)
@@ -176,13 +183,14 @@ def _linear_step_identity() -> bool:
 
     def step(device: str, backend: str) -> tuple[torch.Tensor, ...]:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(512, 384, bias=False)).to(device)
+        tokens, features_in, features_out = SIZES["linear"]
+        model = nn.Sequential(nn.Linear(features_in, features_out, bias=False)).to(device)
         sr = SRState(3)
         convert(model, recipes.get("ue5m3_b16"), select=["0"], sr_state=sr, backend=backend)
         find_scale_state(model).begin_step(1)
         sr.begin_step(1)
         gen = torch.Generator().manual_seed(1)
-        x = torch.randn(256, 512, generator=gen).to(device).requires_grad_()
+        x = torch.randn(tokens, features_in, generator=gen).to(device).requires_grad_()
         y = model(x)
         y.backward(torch.randn(y.shape, generator=gen).to(device))
         return y.detach(), x.grad, model[0].weight.grad

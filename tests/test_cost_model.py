@@ -1,21 +1,13 @@
 """The roofline cost model of docs/performance.md: it runs, counts the 8B linears as the conversion does and orders
 the recipes as their operations say (an estimate: no wall time is asserted anywhere)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_helpers import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("cost_model", ROOT / "benchmarks" / "cost_model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cost_model"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cost_model")
 
 
 def test_the_model_counts_the_8b_linears_and_orders_the_recipes():

@@ -161,6 +161,42 @@ def _round_e2m1(v, r, MODE: tl.constexpr):
 
 
 @triton.jit
+def _scales_of(
+    amax,
+    scalars_ptr,
+    scale_max,
+    inv_f,
+    RULE: tl.constexpr,
+    ORDER: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_EMIN: tl.constexpr,
+    SCALE_EMAX: tl.constexpr,
+    ZERO_REPAIR: tl.constexpr,
+):
+    """(scale, flags, decoded scale, payload multiplier) of the block maxima ``amax`` under the tensor scale at
+    ``scalars_ptr`` (G, 1/G and torchao's per-tensor divisor, 0-dim FP32 device values: nothing read on the host).
+    The multiplier is the IEEE reciprocal of the decoded scale, capped at FP32 max (a zero scale's)."""
+    global_scale = tl.load(scalars_ptr)
+    global_decode_scale = tl.load(scalars_ptr + 1)
+    per_tensor = tl.load(scalars_ptr + 2)
+    scale, flag = _block_scales(
+        amax, global_scale, per_tensor, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
+    )
+    decode = scale * global_decode_scale
+    mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
+    return scale, flag, decode, mult
+
+
+@triton.jit
+def _store_blocks(amax_ptr, scale_ptr, decode_ptr, flags_ptr, at, ok, amax, scale, decode, flag):
+    """The per-block outputs at offsets ``at`` where ``ok``."""
+    tl.store(amax_ptr + at, amax, mask=ok)
+    tl.store(scale_ptr + at, scale, mask=ok)
+    tl.store(decode_ptr + at, decode, mask=ok)
+    tl.store(flags_ptr + at, flag.to(tl.uint8), mask=ok)
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr,
     bits_ptr,
@@ -193,9 +229,6 @@ def _quantize_kernel(
     EXPLICIT_BITS: tl.constexpr,
     BIT_COUNT: tl.constexpr,
 ):
-    global_scale = tl.load(scalars_ptr)  # G, 1/G and torchao's per-tensor divisor, as 0-dim FP32 device values
-    global_decode_scale = tl.load(scalars_ptr + 1)
-    per_tensor = tl.load(scalars_ptr + 2)
     rows = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
     cols = tl.arange(0, L_POW2)
     row_ok = rows < n_blocks
@@ -203,15 +236,10 @@ def _quantize_kernel(
     offsets = rows[:, None].to(tl.int64) * L + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     amax = tl.max(tl.abs(x), axis=1)
-    scale, flag = _block_scales(
-        amax, global_scale, per_tensor, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
+    scale, flag, decode, mult = _scales_of(
+        amax, scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
     )
-    decode = scale * global_decode_scale
-    mult = tl.minimum(tl.math.div_rn(tl.full([BLOCKS], 1.0, tl.float32), decode), FP32_MAX)
-    tl.store(amax_ptr + rows, amax, mask=row_ok)
-    tl.store(scale_ptr + rows, scale, mask=row_ok)
-    tl.store(decode_ptr + rows, decode, mask=row_ok)
-    tl.store(flags_ptr + rows, flag.to(tl.uint8), mask=row_ok)
+    _store_blocks(amax_ptr, scale_ptr, decode_ptr, flags_ptr, rows, row_ok, amax, scale, decode, flag)
     r = tl.zeros([BLOCKS, L_POW2], dtype=tl.int64)
     if MODE >= 2:
         if EXPLICIT_BITS:
@@ -286,26 +314,11 @@ def _quantize_both_axes_kernel(
     mask = (r < rows)[:, None] & (c < cols)[None, :]
     x = tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0)
     if LAST:
-        global_scale = tl.load(last_scalars_ptr)
-        global_decode_scale = tl.load(last_scalars_ptr + 1)
-        per_tensor = tl.load(last_scalars_ptr + 2)
         blocks = tl.reshape(x, [TILE_ROWS, TILE_COLS // L, L])
         amax = tl.max(tl.abs(blocks), axis=2)  # [TILE_ROWS, TILE_COLS / L]
-        scale, flag = _block_scales(
-            amax,
-            global_scale,
-            per_tensor,
-            scale_max,
-            inv_f,
-            RULE,
-            ORDER,
-            SCALE_MBITS,
-            SCALE_EMIN,
-            SCALE_EMAX,
-            ZERO_REPAIR,
+        scale, flag, decode, mult = _scales_of(
+            amax, last_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
         )
-        decode = scale * global_decode_scale
-        mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
         bits = tl.zeros([TILE_ROWS, TILE_COLS], dtype=tl.int64)
         if LAST_MODE >= 2:
             index = last_base + r[:, None].to(tl.int64) * last_stride_row + c[None, :].to(tl.int64) * last_stride_col
@@ -320,31 +333,14 @@ def _quantize_both_axes_kernel(
         block_cols = tl.program_id(1) * (TILE_COLS // L) + tl.arange(0, TILE_COLS // L)
         per_block = r[:, None].to(tl.int64) * (cols // L) + block_cols[None, :]
         block_ok = (r < rows)[:, None] & (block_cols * L < cols)[None, :]
-        tl.store(last_amax_ptr + per_block, amax, mask=block_ok)
-        tl.store(last_scale_ptr + per_block, scale, mask=block_ok)
-        tl.store(last_decode_ptr + per_block, decode, mask=block_ok)
-        tl.store(last_flags_ptr + per_block, flag.to(tl.uint8), mask=block_ok)
+        outputs = (last_amax_ptr, last_scale_ptr, last_decode_ptr, last_flags_ptr)
+        _store_blocks(*outputs, per_block, block_ok, amax, scale, decode, flag)
     if FIRST:
-        global_scale = tl.load(first_scalars_ptr)
-        global_decode_scale = tl.load(first_scalars_ptr + 1)
-        per_tensor = tl.load(first_scalars_ptr + 2)
         blocks = tl.reshape(x, [TILE_ROWS // L, L, TILE_COLS])
         amax = tl.max(tl.abs(blocks), axis=1)  # [TILE_ROWS / L, TILE_COLS]
-        scale, flag = _block_scales(
-            amax,
-            global_scale,
-            per_tensor,
-            scale_max,
-            inv_f,
-            RULE,
-            ORDER,
-            SCALE_MBITS,
-            SCALE_EMIN,
-            SCALE_EMAX,
-            ZERO_REPAIR,
+        scale, flag, decode, mult = _scales_of(
+            amax, first_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
         )
-        decode = scale * global_decode_scale
-        mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
         bits = tl.zeros([TILE_ROWS, TILE_COLS], dtype=tl.int64)
         if FIRST_MODE >= 2:
             index = first_base + r[:, None].to(tl.int64) * first_stride_row + c[None, :].to(tl.int64) * first_stride_col
@@ -359,10 +355,8 @@ def _quantize_both_axes_kernel(
         block_rows = tl.program_id(0) * (TILE_ROWS // L) + tl.arange(0, TILE_ROWS // L)
         per_block = c[None, :].to(tl.int64) * (rows // L) + block_rows[:, None]
         block_ok = (block_rows * L < rows)[:, None] & (c < cols)[None, :]
-        tl.store(first_amax_ptr + per_block, amax, mask=block_ok)
-        tl.store(first_scale_ptr + per_block, scale, mask=block_ok)
-        tl.store(first_decode_ptr + per_block, decode, mask=block_ok)
-        tl.store(first_flags_ptr + per_block, flag.to(tl.uint8), mask=block_ok)
+        outputs = (first_amax_ptr, first_scale_ptr, first_decode_ptr, first_flags_ptr)
+        _store_blocks(*outputs, per_block, block_ok, amax, scale, decode, flag)
 
 
 def quantize_blocks(
