@@ -8,8 +8,13 @@ draw Philox4x32-10 bits in the kernel (``tl.philox``, the generator of :mod:`ue5
 element's global index; explicit bits are read instead when given. Launched with FP fusion off, so no multiply
 and add contract into an fma the reference does not compute (sr_te's fma is explicit).
 
+A second kernel, :func:`quantize_both_axes`, reads a 2-D tensor once and writes its quantizations along both axes
+(the copy along the first axis already transposed), each with its own tensor scale, rounding and stream: the FP4
+linear's X and dY copies. Both kernels share the scale, Philox and E2M1 helpers.
+
 Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (how ``tests/test_triton_quantize.py``
-checks it bit for bit against the torch reference on a machine without a GPU).
+checks it bit for bit against the torch reference on a machine without a GPU); ``tests/test_triton_compile.py``
+compiles it for sm_90 and sm_100.
 """
 
 from __future__ import annotations
@@ -52,58 +57,6 @@ def _round_scale_rne(v, mbits, emin, maxf):
     up = (delta > 0.5) | ((delta == 0.5) & odd)
     out = (lower + up.to(tl.float32)) * _pow2(q)
     return tl.minimum(out, maxf)
-
-
-@triton.jit
-def _block_scales(
-    amax,
-    global_scale,
-    per_tensor,
-    scale_max,
-    inv_f,
-    RULE: tl.constexpr,
-    ORDER: tl.constexpr,
-    SCALE_MBITS: tl.constexpr,
-    SCALE_EMIN: tl.constexpr,
-    SCALE_EMAX: tl.constexpr,
-    ZERO_REPAIR: tl.constexpr,
-):
-    """The block scales of the block maxima ``amax`` (any shape) under the scheme's rule, and the diagnostics flags
-    (1: rounded to zero before repair, 2: saturated the scale format)."""
-    flag = tl.zeros(amax.shape, dtype=tl.int32)
-    if RULE == 0:
-        six = tl.full(amax.shape, 6.0, tl.float32)
-        if ORDER == 0:
-            ideal = amax * (global_scale * inv_f)
-        elif ORDER == 1:
-            ideal = tl.math.div_rn(amax, six) * global_scale
-        else:
-            ideal = tl.math.div_rn(tl.math.div_rn(amax, six), tl.full(amax.shape, per_tensor, tl.float32))
-        flag = tl.where(ideal > scale_max, flag | 2, flag)
-        scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
-        zero = scale == 0.0
-        flag = tl.where(zero, flag | 1, flag)
-        if ZERO_REPAIR:
-            scale = tl.where(zero, 1.0, scale)
-    else:
-        if RULE == 3:  # RCEIL: the exponent of amax * fp32(1/6), rounded up from its bits
-            db = (amax * inv_f).to(tl.int32, bitcast=True)
-            biased = (db >> 23) & 0xFF
-            mantissa = db & 0x7FFFFF
-            up = tl.where(biased == 0, mantissa > 0x400000, mantissa != 0)
-            e = biased + up.to(tl.int32) - 127
-        else:
-            ab = amax.to(tl.int32, bitcast=True)
-            e = ((ab >> 23) & 0xFF) - 127
-            if RULE == 2:
-                e = e + ((ab & 0x7FFFFF) != 0).to(tl.int32)
-            e = e - 2  # E2M1 max exponent
-        flag = tl.where(e > SCALE_EMAX, flag | 2, flag)
-        e = tl.minimum(tl.maximum(e, SCALE_EMIN), SCALE_EMAX)
-        # 2^e down to 2^-127 (an FP32 subnormal for the UE8M0 minimum)
-        subnormal = tl.full(amax.shape, 1 << 22, tl.int32).to(tl.float32, bitcast=True)
-        scale = tl.where(e >= -126, _pow2(tl.maximum(e, -126)), subnormal)
-    return scale, flag
 
 
 @triton.jit
@@ -173,15 +126,46 @@ def _scales_of(
     SCALE_EMAX: tl.constexpr,
     ZERO_REPAIR: tl.constexpr,
 ):
-    """(scale, flags, decoded scale, payload multiplier) of the block maxima ``amax`` under the tensor scale at
-    ``scalars_ptr`` (G, 1/G and torchao's per-tensor divisor, 0-dim FP32 device values: nothing read on the host).
-    The multiplier is the IEEE reciprocal of the decoded scale, capped at FP32 max (a zero scale's)."""
+    """(scale, flags, decoded scale, payload multiplier) of the block maxima ``amax`` (any shape) under the scheme's
+    rule and the tensor scale at ``scalars_ptr`` (G, 1/G and torchao's per-tensor divisor, 0-dim FP32 device values:
+    nothing read on the host). Flags: 1 rounded to zero before repair, 2 saturated the scale format. The multiplier
+    is the IEEE reciprocal of the decoded scale, capped at FP32 max (a zero scale's)."""
     global_scale = tl.load(scalars_ptr)
     global_decode_scale = tl.load(scalars_ptr + 1)
     per_tensor = tl.load(scalars_ptr + 2)
-    scale, flag = _block_scales(
-        amax, global_scale, per_tensor, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
-    )
+    flag = tl.zeros(amax.shape, dtype=tl.int32)
+    if RULE == 0:
+        six = tl.full(amax.shape, 6.0, tl.float32)
+        if ORDER == 0:
+            ideal = amax * (global_scale * inv_f)
+        elif ORDER == 1:
+            ideal = tl.math.div_rn(amax, six) * global_scale
+        else:
+            ideal = tl.math.div_rn(tl.math.div_rn(amax, six), tl.full(amax.shape, per_tensor, tl.float32))
+        flag = tl.where(ideal > scale_max, flag | 2, flag)
+        scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
+        zero = scale == 0.0
+        flag = tl.where(zero, flag | 1, flag)
+        if ZERO_REPAIR:
+            scale = tl.where(zero, 1.0, scale)
+    else:
+        if RULE == 3:  # RCEIL: the exponent of amax * fp32(1/6), rounded up from its bits
+            db = (amax * inv_f).to(tl.int32, bitcast=True)
+            biased = (db >> 23) & 0xFF
+            mantissa = db & 0x7FFFFF
+            up = tl.where(biased == 0, mantissa > 0x400000, mantissa != 0)
+            e = biased + up.to(tl.int32) - 127
+        else:
+            ab = amax.to(tl.int32, bitcast=True)
+            e = ((ab >> 23) & 0xFF) - 127
+            if RULE == 2:
+                e = e + ((ab & 0x7FFFFF) != 0).to(tl.int32)
+            e = e - 2  # E2M1 max exponent
+        flag = tl.where(e > SCALE_EMAX, flag | 2, flag)
+        e = tl.minimum(tl.maximum(e, SCALE_EMIN), SCALE_EMAX)
+        # 2^e down to 2^-127 (an FP32 subnormal for the UE8M0 minimum)
+        subnormal = tl.full(amax.shape, 1 << 22, tl.int32).to(tl.float32, bitcast=True)
+        scale = tl.where(e >= -126, _pow2(tl.maximum(e, -126)), subnormal)
     decode = scale * global_decode_scale
     mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
     return scale, flag, decode, mult
