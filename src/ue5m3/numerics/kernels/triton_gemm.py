@@ -29,7 +29,8 @@ Two kernels, with no [slices, M, N] intermediate and no host read:
 
 Both paths give the CPU reference's bits; ``paths=`` returns which one each tile-slice took (tests, benchmarks).
 Launched with FP fusion off. Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (FP16 dots: the
-interpreter computes BF16 dots wrongly), which is how ``tests/test_triton_gemm.py`` checks it bit for bit.
+interpreter computes BF16 dots wrongly), which is how ``tests/test_triton_gemm.py`` checks it bit for bit;
+``tests/test_triton_compile.py`` compiles it for sm_90 and sm_100 (the inline ``add.rz.f32`` included).
 """
 
 from __future__ import annotations
