@@ -58,6 +58,10 @@ def _compile(kernel, constants: dict, capability: int, num_warps: int = 4):
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
+# the scale rule of ue5m3_b16: tensor-scaled in TE's order onto UE5M3 (3 mantissa bits, exponents -14..15), repaired
+UE5M3_SCALES = dict(RULE=0, ORDER=0, SCALE_MBITS=3, SCALE_EMIN=-14, SCALE_EMAX=15, ZERO_REPAIR=True)
+
+
 def _cases() -> dict:
     from ue5m3.numerics.kernels import triton_gemm, triton_quantize
 
@@ -79,20 +83,7 @@ def _cases() -> dict:
         ),
         "quantize": (
             triton_quantize._quantize_kernel,
-            dict(
-                L=16,
-                L_POW2=16,
-                BLOCKS=64,
-                RULE=0,
-                ORDER=0,
-                MODE=4,
-                SCALE_MBITS=3,
-                SCALE_EMIN=-14,
-                SCALE_EMAX=15,
-                ZERO_REPAIR=True,
-                EXPLICIT_BITS=False,
-                BIT_COUNT=53,
-            ),
+            dict(L=16, L_POW2=16, BLOCKS=64, MODE=4, EXPLICIT_BITS=False, BIT_COUNT=53, **UE5M3_SCALES),
             4,
         ),
         "quantize_both_axes": (
@@ -101,12 +92,7 @@ def _cases() -> dict:
                 L=16,
                 TILE_ROWS=64,
                 TILE_COLS=64,
-                RULE=0,
-                ORDER=0,
-                SCALE_MBITS=3,
-                SCALE_EMIN=-14,
-                SCALE_EMAX=15,
-                ZERO_REPAIR=True,
+                **UE5M3_SCALES,
                 LAST=True,
                 LAST_MODE=2,
                 LAST_BITS=8,

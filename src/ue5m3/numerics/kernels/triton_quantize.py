@@ -82,6 +82,17 @@ def _philox_bits(index, seed, step, microbatch, BIT_COUNT: tl.constexpr):
 
 
 @triton.jit
+def _tile_bits(r, c, base, stride_row, stride_col, seed, step, microbatch, MODE: tl.constexpr, BIT_COUNT: tl.constexpr):
+    """The random integers of the tile (rows r, columns c) of a stochastic ``MODE`` (zeros otherwise): element (r, c)
+    draws at global index base + r * stride_row + c * stride_col."""
+    bits = tl.zeros([r.shape[0], c.shape[0]], dtype=tl.int64)
+    if MODE >= 2:
+        index = base + r[:, None].to(tl.int64) * stride_row + c[None, :].to(tl.int64) * stride_col
+        bits = _philox_bits(index, seed, step, microbatch, BIT_COUNT)
+    return bits
+
+
+@triton.jit
 def _round_e2m1(v, r, MODE: tl.constexpr):
     """E2M1 payload of the scaled values ``v`` (clamped to [-6, 6] first) in rounding ``MODE`` with random integers
     ``r`` (ignored by RNE and RTZ)."""
@@ -303,10 +314,8 @@ def _quantize_both_axes_kernel(
         scale, flag, decode, mult = _scales_of(
             amax, last_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
         )
-        bits = tl.zeros([TILE_ROWS, TILE_COLS], dtype=tl.int64)
-        if LAST_MODE >= 2:
-            index = last_base + r[:, None].to(tl.int64) * last_stride_row + c[None, :].to(tl.int64) * last_stride_col
-            bits = _philox_bits(index, last_seed, last_step, last_microbatch, LAST_BITS)
+        stream = (last_seed, last_step, last_microbatch)
+        bits = _tile_bits(r, c, last_base, last_stride_row, last_stride_col, *stream, LAST_MODE, LAST_BITS)
         scaled = blocks * mult[:, :, None]
         payload = _round_e2m1(scaled, tl.reshape(bits, [TILE_ROWS, TILE_COLS // L, L]), LAST_MODE)
         tl.store(
@@ -325,10 +334,8 @@ def _quantize_both_axes_kernel(
         scale, flag, decode, mult = _scales_of(
             amax, first_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
         )
-        bits = tl.zeros([TILE_ROWS, TILE_COLS], dtype=tl.int64)
-        if FIRST_MODE >= 2:
-            index = first_base + r[:, None].to(tl.int64) * first_stride_row + c[None, :].to(tl.int64) * first_stride_col
-            bits = _philox_bits(index, first_seed, first_step, first_microbatch, FIRST_BITS)
+        stream = (first_seed, first_step, first_microbatch)
+        bits = _tile_bits(r, c, first_base, first_stride_row, first_stride_col, *stream, FIRST_MODE, FIRST_BITS)
         scaled = blocks * mult[:, None, :]
         payload = _round_e2m1(scaled, tl.reshape(bits, [TILE_ROWS // L, L, TILE_COLS]), FIRST_MODE)
         tl.store(  # element (r, c) at [c, r] of the transposed layout
