@@ -57,7 +57,7 @@ def main() -> None:
             steps=1,
             micro_batch=1,
             accumulation=1,
-            data={},
+            data=None,
             checkpoint_every=1,
         )
         train.train(cfg, RandomTokenStream(vocab, args.sequence))

@@ -52,7 +52,7 @@ def run_case(args: argparse.Namespace) -> dict:
             steps=args.steps,
             micro_batch=args.micro_batch,
             accumulation=1,
-            data={},
+            data=None,
             checkpoint_every=args.steps,
             log_every=1,
         )

@@ -20,6 +20,8 @@ from ue5m3.data import RandomTokenStream
 from ue5m3.training import checkpoint
 from ue5m3.training import loop as train
 from ue5m3.training.config import OptimConfig, TrainConfig
+from ue5m3.training.identity import RunIdentityError, fingerprint
+from ue5m3.training.stops import Stopped
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -61,7 +63,7 @@ def _same(a: dict, b: dict) -> bool:
 def test_a_checkpoint_of_another_run_is_refused_naming_what_differs(tmp_path, change, named):
     cfg = _config(tmp_path, steps=2)
     train.train(cfg, _stream())
-    with pytest.raises(train.RunIdentityError, match="belongs to another run") as err:
+    with pytest.raises(RunIdentityError, match="belongs to another run") as err:
         train.train(dataclasses.replace(cfg, **change), _stream())
     assert named in str(err.value)
 
@@ -100,7 +102,7 @@ def test_provenance_records_the_source_hash_and_the_manifest_the_identity(tmp_pa
     record = json.loads(train.train(cfg, _stream()).read_text())
     assert len(record["source_sha256"]) == 64
     manifest = checkpoint.verify(checkpoint.latest(Path(cfg.run_dir) / "checkpoints"))
-    assert manifest["meta"]["fingerprint"] == train.fingerprint(manifest["meta"]["identity"])
+    assert manifest["meta"]["fingerprint"] == fingerprint(manifest["meta"]["identity"])
     assert manifest["meta"]["identity"]["recipe"]["name"] == "ue5m3_b16"
 
 
@@ -177,7 +179,7 @@ class _SignallingStream(RandomTokenStream):
 def test_sigterm_and_sigusr1_checkpoint_the_step_and_stop_then_the_same_command_resumes(tmp_path, signum):
     cfg = _config(tmp_path, steps=6, checkpoint_every=4)
     previous = signal.getsignal(signum)
-    with pytest.raises(train.Stopped) as stopped:
+    with pytest.raises(Stopped) as stopped:
         train.train(cfg, _SignallingStream(signum, at=3))  # during step 3: not a checkpoint step
     assert stopped.value.code == 128 + signum
     root = Path(cfg.run_dir) / "checkpoints"

@@ -9,7 +9,7 @@ import torch
 
 from ue5m3.data import RandomTokenStream as TokenStream
 from ue5m3.layers import recipes
-from ue5m3.training import checkpoint
+from ue5m3.training import build, checkpoint, state
 from ue5m3.training import loop as train
 from ue5m3.training.config import OptimConfig, TrainConfig
 
@@ -26,7 +26,7 @@ def _config(tmp_path, recipe="ue5m3_b16", steps=6, **kw):
         steps=steps,
         micro_batch=2,
         accumulation=2,
-        data={},
+        data=None,
         checkpoint_every=2,
         keep_checkpoints=10,
         optim=OptimConfig(lr=3e-3),
@@ -57,7 +57,7 @@ def test_weight_decay_skips_biases_norms_and_mamba_scalars():
     from ue5m3 import models
 
     model = models.build("nemotron_h_debug", device="cpu")
-    decay, no_decay = train.param_groups(model, 0.1)
+    decay, no_decay = build.param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     skipped = {names[id(p)] for p in no_decay["params"]}
     assert any(n.endswith("A_log") for n in skipped) and any(n.endswith(".D") for n in skipped)
@@ -107,7 +107,7 @@ def test_stochastic_rounding_resumes_from_the_step_counter_alone(tmp_path, monke
     train.train(full, TokenStream(4096, 64))
     split = _config(tmp_path / "split", steps=4)
     train.train(split, TokenStream(4096, 64), stop_after=2)
-    monkeypatch.setattr(train, "_set_rng_state", lambda state: torch.manual_seed(987654321))
+    monkeypatch.setattr(state, "_set_rng_state", lambda saved: torch.manual_seed(987654321))
     train.train(split, TokenStream(4096, 64))
     model_a, _ = _final_state(Path(full.run_dir))
     model_b, _ = _final_state(Path(split.run_dir))
@@ -167,7 +167,7 @@ def test_config_rejects_unknown_and_missing_keys_naming_them(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(
         "run_dir: x\nmodel: dense_debug\nrecipe: bf16\nseed: 1\nsteps: 2\nmicro_batch: 1\naccumulation: 1\n"
-        "data: {}\nbogus: 1\n"
+        "data: null\nbogus: 1\n"
     )
     with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
         TrainConfig.from_yaml(path)
@@ -227,7 +227,7 @@ def test_the_cpu_scale_runs_keep_the_final_8_layers_in_bf16_and_override_their_d
 
     pipeline = config_loader.read_yaml(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
     cfg = TrainConfig.from_dict(workflow_config.run_settings(pipeline, "main", recipe, 1))
-    model, records = train.build_model(cfg, cfg.resolved_recipe(), torch.device("cpu"))
+    model, records = build.build_model(cfg, cfg.resolved_recipe(), torch.device("cpu"))
     exempt = {r.layer for r in records if r.status == "bf16_exempt"}
     converted = {r.layer for r in records if r.status == "converted"}
     if recipe == "nvfp4_te":  # 16 BF16 linears in the final 8 blocks, as at 8B; every kind in FP4 before them

@@ -40,7 +40,7 @@ def _run(
         "steps": steps,
         "micro_batch": micro_batch,
         "accumulation": 1,
-        "data": {},
+        "data": None,
         "checkpoint_every": every,
         "keep_checkpoints": 4,
         "optim": {"lr": 3e-3},

@@ -104,7 +104,7 @@ def export_hf(
         )
     model = models.build_from_config(model_cfg)  # meta: the checkpoint's tensors become the parameters
     model.load_state_dict(state, assign=True)
-    data = DataConfig.from_dict(dict(cfg.data))
+    data = cfg.require_data()
     files, config_extra, tokenizer = _tokenizer_files(data)
     # NoPE attention and Mamba-2 have no position limit; record the trained length for tools that read one
     config_extra["max_position_embeddings"] = data.sequence_length

@@ -225,10 +225,9 @@ class UE5M3LM(TemplateLM):
 
 def _run_data(run_dir: str) -> Any:
     """The data section (``ue5m3.data.DataConfig``) of the run's ``config.resolved.json``."""
-    from ue5m3.data import DataConfig
     from ue5m3.training.config import read_run_config
 
-    return DataConfig.from_dict(dict(read_run_config(run_dir).data))
+    return read_run_config(run_dir).require_data()
 
 
 def _model_device(model: Any) -> torch.device:

@@ -230,7 +230,7 @@ def _open_eval_sets(run_dir: Path) -> tuple[Any, Any]:
     from ue5m3 import data
 
     cfg = read_run_config(run_dir)
-    opened = data.open_data(data.DataConfig.from_dict(dict(cfg.data)))
+    opened = data.open_data(cfg.require_data())
     return opened.validation, opened.calibration
 
 

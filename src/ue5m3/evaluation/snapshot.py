@@ -226,7 +226,7 @@ def run_snapshot(
     if window is None:
         from ue5m3 import data
 
-        window = data.open_data(data.DataConfig.from_dict(dict(cfg.data))).validation.windows[0]
+        window = data.open_data(cfg.require_data()).validation.windows[0]
     names = _select(model, modules)
     count_rows, hist_rows, excluded = _rows(capture(model, window, names), targets)
     out_dir = Path(out_dir)

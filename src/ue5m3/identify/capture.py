@@ -36,7 +36,7 @@ def capture_linear(
     if module not in modules or not isinstance(modules[module], torch.nn.Linear):
         linears = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
         raise KeyError(f"{run_dir}: no linear named {module!r}; linears: {linears}")
-    opened = data.open_data(data.DataConfig.from_dict(dict(cfg.data)))
+    opened = data.open_data(cfg.require_data())
     captured: list[torch.Tensor] = []
     hook = modules[module].register_forward_hook(lambda _m, args, _out: captured.append(args[0].detach()))
     try:

@@ -36,8 +36,9 @@ from ue5m3.layers.linear import find_scale_state, find_sr_state
 from ue5m3.layers.native_te import Execution
 from ue5m3.numerics.backend import Backend as NumericsBackend
 from ue5m3.numerics.kernels import cpu as cpu_kernel
+from ue5m3.training.build import build_model, param_groups
 from ue5m3.training.config import TrainConfig
-from ue5m3.training.loop import build_model, loss_fn, param_groups, train_step
+from ue5m3.training.loop import loss_fn, train_step
 
 __all__ = ["Backend", "TensorComparison", "ParityReport", "ulp_distance", "compare_tensors", "run", "write_report"]
 
@@ -363,7 +364,7 @@ def run(
     cfg = dataclasses.replace(cfg, steps=steps, micro_batch=cfg.micro_batch if batch_size is None else batch_size)
     native = Execution.NATIVE_TE in (a.execution, b.execution)
     device = torch.device(device or ("cuda" if native else "cpu"))
-    seq = int(cfg.data.get("sequence_length", DataConfig.sequence_length))
+    seq = cfg.data.sequence_length if cfg.data is not None else DataConfig.sequence_length
     tensors_a, losses_a, execution_a = _run_backend(cfg, a, recipe_a, device, seq)
     tensors_b, losses_b, execution_b = _run_backend(cfg, b, recipe_b, device, seq)
     return ParityReport(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ue5m3 import config
+from ue5m3.data import DataConfig
 from ue5m3.layers import recipes
 from ue5m3.layers.native_te import Execution
 from ue5m3.layers.recipes import ModelLayers, Recipe
@@ -110,7 +111,9 @@ class TrainConfig:
         steps: optimizer steps.
         micro_batch: sequences per microbatch and rank.
         accumulation: microbatches per optimizer step.
-        data: the data section (:class:`ue5m3.data.DataConfig`; its ``sequence_length`` is the run's).
+        data: the data section (:class:`ue5m3.data.DataConfig`; its ``sequence_length`` is the run's), parsed
+            once by the loader; None for a run fed a stream by its caller (:func:`ue5m3.training.loop.train`'s
+            ``stream``, as tests and benchmarks do).
         optim: see :class:`OptimConfig`.
         fp4_select: module-name patterns to convert (default: every eligible linear of the model).
         log_every: steps between metric records.
@@ -135,7 +138,7 @@ class TrainConfig:
     steps: int
     micro_batch: int
     accumulation: int
-    data: Mapping[str, Any]
+    data: DataConfig | None
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
     recipe_overrides: Mapping[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -165,6 +168,10 @@ class TrainConfig:
                 raise ValueError(f"{key}: must be a positive int, got {value!r}")
         if isinstance(self.optim, Mapping):
             object.__setattr__(self, "optim", config.load(OptimConfig, self.optim, path="optim"))
+        if isinstance(self.data, Mapping):  # built in code from plain data (the loader has built a DataConfig)
+            object.__setattr__(self, "data", config.load(DataConfig, self.data, path="data"))
+        if not isinstance(self.data, DataConfig | None):
+            raise TypeError(f"data: expected a DataConfig, a mapping or None, got {type(self.data).__name__}")
         if self.fp4_select is not None:
             object.__setattr__(self, "fp4_select", tuple(self.fp4_select))
         if not 0 <= self.seed < 2**63:
@@ -217,18 +224,12 @@ class TrainConfig:
             self.resolved_recipe(recipe)
         except ValueError as exc:
             raise ValueError(f"recipe: {exc}") from None
-        if self.data:
-            from ue5m3.data import DataConfig
-
-            try:
-                data = DataConfig.from_dict(dict(self.data), source="data")
-            except config.ConfigError as exc:  # its key paths already start at data.
-                raise ValueError(str(exc).removeprefix("data: ")) from None
-            if model_cfg.vocab_size != data.vocab_size:
-                raise ValueError(
-                    f"model_overrides: model {self.model!r} has vocab_size {model_cfg.vocab_size} but data.vocab_size "
-                    f"is {data.vocab_size}; set model_overrides.vocab_size to the tokenizer's size"
-                )
+        # the one vocabulary check: the model's embedding must cover every token id the tokenizer writes
+        if self.data is not None and model_cfg.vocab_size != self.data.vocab_size:
+            raise ValueError(
+                f"model_overrides: model {self.model!r} has vocab_size {model_cfg.vocab_size} but data.vocab_size "
+                f"is {self.data.vocab_size}; set model_overrides.vocab_size to the tokenizer's size"
+            )
         if self.fp4_select is not None:
             eligible = list(model_layers(self.model, self.model_overrides).linears)
             for i, pattern in enumerate(self.fp4_select):
@@ -250,6 +251,20 @@ class TrainConfig:
         if recipe is None:
             recipe = recipes.resolve(self.recipe, self.recipe_overrides)
         return recipe.for_model(model_layers(self.model, self.model_overrides))
+
+    def require_data(self) -> DataConfig:
+        """The data section, for the steps that read the run's own data (its training stream, evaluation sets,
+        tokenizer).
+
+        Raises:
+            ValueError: the run has none (``data: null``: it was fed a stream by its caller).
+        """
+        if self.data is None:
+            raise ValueError(
+                f"run {self.run_dir!r} has no data section (data: null; it was fed a stream by its caller), so it "
+                "has no data of its own to read; give its config a data section"
+            )
+        return self.data
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<train config>") -> TrainConfig:

@@ -204,7 +204,7 @@ def evaluate_run(
         HubAccessError: a hub task was asked for and the hub cannot be used (before any model work).
     """
     from ue5m3.artifacts import provenance, write_json
-    from ue5m3.data import DataConfig, data_paths, open_tokenizer
+    from ue5m3.data import data_paths, open_tokenizer
     from ue5m3.evaluation.inference import load_for_inference
     from ue5m3.evaluation.lm_eval import UE5M3LM
     from ue5m3.training.config import read_run_config
@@ -213,7 +213,7 @@ def evaluate_run(
     hub_revisions = check_hub_access(hub) if hub else {}
     names = build_tasks(task_dir, tasks, n=n, seed=seed)
     cfg = read_run_config(run_dir)
-    data = DataConfig.from_dict(dict(cfg.data))
+    data = cfg.require_data()
     tokenizer = open_tokenizer(data)
     length = int(max_length) if max_length is not None else int(data.sequence_length)
     check_continuation_lengths(task_dir, names, tokenizer.encode, length, limit)

@@ -1,0 +1,115 @@
+"""The build order of a training run, fixed in one place (style rule 8), and the optimizer it ends with.
+
+A run is built from its config in this order, always (:func:`build_model` takes steps 1-4, the trainer then calls
+:func:`build_optimizer`):
+
+1. build the model on the meta device (no memory, no initialisation);
+2. convert the selected linears (``fp4_select``, default every eligible linear) to the recipe's FP4 layers, with
+   the run's stochastic-rounding streams and weight caching;
+3. with many processes and FSDP2, ``fully_shard`` each block, then the root;
+4. materialise the parameters on the device and load the deterministic initial weights (:func:`initial_state`: one
+   CPU initialisation from the seed, so every world size starts from the same bits); with many processes and DDP,
+   replicate;
+5. create the optimizer (:func:`build_optimizer`): AdamW over :func:`param_groups`, which keeps weight decay off
+   biases, norms and Mamba's scalars.
+
+A ``native_te`` run (Transformer Engine's NVFP4 linears on Blackwell) materialises and loads the weights first and
+converts after (:func:`ue5m3.layers.native_te.convert_native` copies the loaded weights into ``te.Linear``); it
+runs DDP with many processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ue5m3 import models
+from ue5m3.layers import native_te, recipes
+from ue5m3.layers.linear import WeightCaching, convert, set_weight_caching
+from ue5m3.layers.native_te import Execution
+from ue5m3.numerics.philox import SRState
+from ue5m3.training.config import OptimConfig, TrainConfig
+from ue5m3.training.ranks import world
+
+__all__ = ["initial_state", "build_model", "param_groups", "build_optimizer"]
+
+
+def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The deterministic initial weights of a run: a full model initialised on the CPU from the seed."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    return models.build(cfg.model, device="cpu", generator=generator, **cfg.model_overrides).state_dict()
+
+
+def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) -> tuple[nn.Module, tuple]:
+    """Meta build -> FP4 conversion -> fully_shard per block and root -> materialise and load init weights.
+
+    ``recipe`` names its layers by absolute index (:meth:`TrainConfig.resolved_recipe`)."""
+    model = models.build(cfg.model, device="meta", **cfg.model_overrides)
+    select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
+    rank, world_size = world()
+    if cfg.execution is Execution.NATIVE_TE:
+        native_te.require_native()  # fails closed off Blackwell before anything is built
+        model.to_empty(device=device)
+        model.load_state_dict(initial_state(cfg))
+        records = native_te.convert_native(model, recipe, select=list(select))
+        return (_replicate(model, device) if world_size > 1 else model), records
+    # SR bits are Philox streams of (seed, module, role, step, microbatch, global index): the same on any device,
+    # thread count or world size (each rank's tokens sit at their place in the global microbatch)
+    records = convert(
+        model, recipe, select=select, sr_state=SRState(cfg.seed, rank=rank, world=world_size), backend=cfg.backend
+    )
+    # the weight is quantized once per optimizer step and reused by its microbatches; under FSDP2 the all-gathers
+    # rewrite the unsharded weights every microbatch, so the key is the step alone (the trainer's contract)
+    set_weight_caching(
+        model,
+        WeightCaching.OFF if cfg.accumulation == 1 else WeightCaching.STEP if world_size > 1 else WeightCaching.VERSION,
+    )
+    sharded = world_size > 1 and cfg.parallelism == "fsdp2"
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in models.blocks(model):
+            fully_shard(block)
+        fully_shard(model)
+    model.to_empty(device=device)
+    full = initial_state(cfg)
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+        return model, records
+    model.load_state_dict(full)
+    return (_replicate(model, device) if world_size > 1 else model), records
+
+
+def _replicate(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP: every rank holds the whole model; gradients are averaged across ranks in the backward (the same
+    average FSDP2's reduce-scatter takes). The initial weights are identical on every rank already."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices; never the parameters :func:`ue5m3.models.no_weight_decay` names (biases,
+    norms, Mamba's A_log, D, dt_bias: every parameter of fewer than two dimensions)."""
+    excluded = set(models.no_weight_decay(model))
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if name in excluded else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups` with the run's optimizer settings: the build's last step."""
+    return torch.optim.AdamW(
+        param_groups(model, optim.weight_decay),
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.eps,
+        foreach=False,
+    )
