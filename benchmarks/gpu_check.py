@@ -68,7 +68,8 @@ def bit_identity(quick: bool) -> list[dict]:
     from ue5m3.numerics import gemm
     from ue5m3.numerics.formats import UE8M0
     from ue5m3.numerics.philox import RandomStream
-    from ue5m3.numerics.quantize import BlockScheme, ScaleRule, get_scheme, quantize
+    from ue5m3.numerics.quantize import quantize
+    from ue5m3.numerics.schemes import BlockScheme, ScaleRule, get_scheme
 
     schemes = {name: get_scheme(name) for name in ("ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4")}
     schemes["mx_rceil"] = BlockScheme(

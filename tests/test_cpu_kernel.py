@@ -9,7 +9,8 @@ import torch
 from ue5m3.numerics import formats, gemm
 from ue5m3.numerics.formats import UE8M0, Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
-from ue5m3.numerics.quantize import BlockScheme, ScaleOrder, ScaleRule, get_scheme, quantize
+from ue5m3.numerics.quantize import quantize
+from ue5m3.numerics.schemes import BlockScheme, ScaleOrder, ScaleRule, get_scheme
 
 pytestmark = pytest.mark.skipif(not cpu_kernel.available(), reason="no C compiler to build the CPU kernel")
 

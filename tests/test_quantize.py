@@ -27,17 +27,9 @@ from ue5m3.numerics import formats
 from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import UE8M0
 from ue5m3.numerics.kernels import cpu as cpu_kernel
-from ue5m3.numerics.quantize import (
-    SCHEMES,
-    BlockScheme,
-    DequantizeOrder,
-    ScaleOrder,
-    ScaleRule,
-    get_scheme,
-    pack_fp4,
-    quantize,
-    unpack_fp4,
-)
+from ue5m3.numerics.quantize import quantize
+from ue5m3.numerics.quantized import pack_fp4, unpack_fp4
+from ue5m3.numerics.schemes import SCHEMES, BlockScheme, DequantizeOrder, ScaleOrder, ScaleRule, get_scheme
 
 F32 = np.float32
 FP32_MAX = F32(np.finfo(np.float32).max)

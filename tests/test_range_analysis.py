@@ -10,7 +10,8 @@ import torch
 
 from ue5m3.experiments import range_analysis
 from ue5m3.numerics.formats import E4M3, UE5M3
-from ue5m3.numerics.quantize import BlockScheme, quantize
+from ue5m3.numerics.quantize import quantize
+from ue5m3.numerics.schemes import BlockScheme
 
 
 def test_ue5m3_max_is_137x_e4m3_max_and_its_min_subnormal_256x_smaller():

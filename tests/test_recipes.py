@@ -27,8 +27,8 @@ from ue5m3.layers.recipes import (
     TargetOverride,
 )
 from ue5m3.numerics.formats import Rounding
-from ue5m3.numerics.quantize import SCHEMES
 from ue5m3.numerics.scaling import OperandRole
+from ue5m3.numerics.schemes import SCHEMES
 from ue5m3.training.config import model_layers
 
 # The paper's quantizer call order per linear per training step (gemm spec section 1).

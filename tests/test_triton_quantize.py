@@ -15,15 +15,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from ue5m3.numerics.formats import UE8M0  # noqa: E402
 from ue5m3.numerics.philox import ElementIndex, RandomStream  # noqa: E402
-from ue5m3.numerics.quantize import (  # noqa: E402
-    AxisQuantization,
-    BlockScheme,
-    ScaleOrder,
-    ScaleRule,
-    get_scheme,
-    quantize,
-    quantize_both_axes,
-)
+from ue5m3.numerics.quantize import AxisQuantization, quantize, quantize_both_axes  # noqa: E402
+from ue5m3.numerics.schemes import BlockScheme, ScaleOrder, ScaleRule, get_scheme  # noqa: E402
 
 pytestmark = [
     pytest.mark.triton,

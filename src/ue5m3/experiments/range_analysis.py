@@ -16,7 +16,8 @@ import torch
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.numerics import formats
 from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, FloatFormat
-from ue5m3.numerics.quantize import BlockScheme, quantize
+from ue5m3.numerics.quantize import quantize
+from ue5m3.numerics.schemes import BlockScheme
 
 __all__ = ["RangeAnalysisConfig", "format_facts", "codebook", "headroom", "worked_example", "summary", "run"]
 

@@ -51,8 +51,8 @@ from ue5m3.layers import layer_selection
 from ue5m3.layers.layer_selection import LayerKind, LayerSelector, ModelLayers
 from ue5m3.numerics.exact import is_grid
 from ue5m3.numerics.formats import Rounding
-from ue5m3.numerics.quantize import SCHEMES, get_scheme
 from ue5m3.numerics.scaling import OperandRole
+from ue5m3.numerics.schemes import SCHEMES, get_scheme
 
 __all__ = [
     "GemmModel",

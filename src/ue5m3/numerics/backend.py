@@ -3,19 +3,26 @@
 Every backend computes the same FP32 operations in the same order, so a backend changes speed and never
 results (tests/test_cpu_kernel.py and tests/test_triton_quantize.py check them bit for bit). ``auto`` is the only
 backend that decides by itself, and it decides the same way everywhere: the fastest backend that covers the case
-(the C kernel for CPU tensors, the Triton kernel for CUDA ones, else torch).
+(the C kernel for CPU tensors, the Triton kernel for CUDA ones, else torch). An explicit kernel backend that cannot
+take a case raises, naming the tensor and the reason (:func:`fused_kernel`); nothing falls back silently.
+
+The fused kernels cover E2M1 payloads under every scale rule but ``mx_round_log2`` (an FP64 log2), with scale
+formats whose quanta are FP32 normals; the kernels themselves are imported only when a case asks for them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from enum import StrEnum
 
 import torch
 
-__all__ = ["Backend", "triton_device_reason", "exact_fp32"]
+from ue5m3.numerics.formats import E2M1
+from ue5m3.numerics.kernels import triton_device_reason
+from ue5m3.numerics.schemes import BlockScheme, ScaleRule
+
+__all__ = ["Backend", "triton_device_reason", "exact_fp32", "fused_kernel", "triton_reason"]
 
 
 class Backend(StrEnum):
@@ -25,16 +32,6 @@ class Backend(StrEnum):
     TORCH = "torch"  # the reference: plain torch ops, any device
     CPU_KERNEL = "cpu_kernel"  # the fused C kernel (CPU tensors, E2M1 payloads); refuses what it cannot take
     TRITON = "triton"  # the Triton kernels (CUDA tensors, or CPU ones under TRITON_INTERPRET=1); refuses the rest
-
-
-def triton_device_reason(device: torch.device) -> str | None:
-    """Why the Triton kernels cannot run on ``device`` (None if they can): CUDA, or the CPU under
-    ``TRITON_INTERPRET=1`` (Triton's interpreter, how the kernels are tested without a GPU)."""
-    if device.type == "cuda":
-        return None
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        return None
-    return f"tensor on {device.type} (the Triton kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1)"
 
 
 @contextlib.contextmanager
@@ -50,3 +47,59 @@ def exact_fp32(device: torch.device) -> Iterator[None]:
             matmul.fp32_precision = "ieee"
             stack.callback(setattr, matmul, "fp32_precision", previous)
         yield
+
+
+def _scheme_reason(scheme: BlockScheme) -> str | None:
+    """Why no fused kernel covers this scheme (None if they do)."""
+    if scheme.element != E2M1:
+        return f"element format {scheme.element.name!r} (kernels are E2M1 only)"
+    if scheme.scale_rule is ScaleRule.MX_ROUND_LOG2:
+        return "scale rule 'mx_round_log2'"
+    s = scheme.scale
+    if scheme.scale_rule is ScaleRule.TENSOR_SCALED and not (
+        s.has_zero and s.min_exponent - s.mantissa_bits >= -126 and s.max_exponent <= 127
+    ):
+        return f"scale format {s.name!r} outside the kernels' FP32-normal quanta"
+    return None
+
+
+def _kernel_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
+    """Why the C kernel cannot take this case (None if it can)."""
+    if x.device.type != "cpu":
+        return f"tensor on {x.device.type}"
+    reason = _scheme_reason(scheme)
+    if reason is not None:
+        return reason
+    from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+    if not cpu_kernel.available():
+        return "no C compiler to build the kernel"
+    return None
+
+
+def triton_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
+    """Why the Triton kernel cannot take this case (None if it can)."""
+    reason = _scheme_reason(scheme)
+    if reason is not None:
+        return reason
+    try:
+        from ue5m3.numerics.kernels import triton_quantize
+    except ImportError:
+        return "triton is not installed (pip install 'ue5m3[gpu]')"
+    return triton_quantize.usable(x.device)
+
+
+def fused_kernel(x: torch.Tensor, scheme: BlockScheme, backend: Backend, name: str) -> str | None:
+    """Which fused kernel quantizes ``x`` ('cpu_kernel', 'triton' or None for the torch path); an explicit
+    kernel backend that cannot take the case raises, naming the tensor and the reason."""
+    if backend is Backend.TORCH:
+        return None
+    if backend is Backend.CPU_KERNEL or (backend is Backend.AUTO and x.device.type == "cpu"):
+        kernel, reason = Backend.CPU_KERNEL, _kernel_reason(x, scheme)
+    else:
+        kernel, reason = Backend.TRITON, triton_reason(x, scheme)
+    if reason is None:
+        return kernel.value
+    if backend is kernel:
+        raise ValueError(f"backend={kernel.value!r} cannot quantize {name!r}: {reason}; use backend='torch' or 'auto'")
+    return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DeferredChecks"]
+__all__ = ["DeferredChecks", "nonfinite_message"]
 
 
 class DeferredChecks:
@@ -46,3 +46,8 @@ class DeferredChecks:
         self._messages.clear()
         if messages:
             raise ValueError(messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""))
+
+
+def nonfinite_message(name: str) -> str:
+    """What a deferred finiteness check of tensor ``name`` raises (the count of bad values is not read back)."""
+    return f"tensor {name!r} holds non-finite value(s) (Inf/NaN); quantizers need finite input"

@@ -3,7 +3,7 @@
 A format is a frozen :class:`FloatFormat` holding only spec-level fields (bit widths, bias, signedness,
 subnormal support and how many of the highest codes are reserved for Inf/NaN). Everything else -- max finite,
 min normal, min subnormal, the list of finite values -- is derived. Block formats compose an element format,
-a block size and a scale format (see :mod:`ue5m3.numerics.quantize`).
+a block size and a scale format (see :mod:`ue5m3.numerics.schemes`).
 
 Rounding follows numerics spec section 2: work in FP32 (FP64 for FP64 inputs), take e = floor(log2 |x|)
 clamped at the minimum normal exponent, scale |x| onto the integer grid s = |x| / 2^(e - mantissa_bits) (exact,

@@ -37,7 +37,8 @@ from ue5m3.numerics.backend import Backend, exact_fp32
 from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap, twosum_chain_to_fp32
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
-from ue5m3.numerics.quantize import QuantizedTensor, ScaleRule
+from ue5m3.numerics.quantized import QuantizedTensor
+from ue5m3.numerics.schemes import ScaleRule
 
 __all__ = [
     "OutputModel",

@@ -1,8 +1,8 @@
 """Fused C kernels (E2M1 block quantization, the probe-matched GEMM), built at install time, loaded with ctypes.
 
-The torch path in :mod:`ue5m3.numerics.quantize` is the reference; this kernel does the same FP32 operations in the
-same order in one pass over memory (compiled with ``-fno-fast-math -ffp-contract=off``) and is checked bit for
-bit against the reference by ``tests/test_cpu_kernel.py``.
+The torch path (:mod:`ue5m3.numerics.encode` with :mod:`ue5m3.numerics.scale_rules`) is the reference; this kernel
+does the same FP32 operations in the same order in one pass over memory (compiled with ``-fno-fast-math
+-ffp-contract=off``) and is checked bit for bit against the reference by ``tests/test_cpu_kernel.py``.
 
 ``pip install`` compiles it (``setup.py``, with :mod:`ue5m3.numerics.kernels.build`) and fails with a clear error
 when there is no C compiler, unless ``UE5M3_SKIP_KERNEL_BUILD=1``. The library's name is keyed by the sources,

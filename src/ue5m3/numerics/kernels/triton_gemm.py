@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ue5m3.numerics.backend import triton_device_reason as usable
+from ue5m3.numerics.kernels import triton_device_reason as usable
 
 __all__ = ["probe_gemm_payload", "mma_sim_payload", "usable", "FAST_BOUND", "MAX_SHIFT", "MIN_SHIFT"]
 

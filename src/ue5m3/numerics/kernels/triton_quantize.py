@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ue5m3.numerics.backend import triton_device_reason as usable
+from ue5m3.numerics.kernels import triton_device_reason as usable
 
 __all__ = ["quantize_blocks", "quantize_both_axes", "AxisRequest", "usable"]
 

@@ -1,0 +1,136 @@
+"""Block schemes as data: element format, block size, scale format and the name of the scale rule.
+
+A :class:`BlockScheme` composes an element format (E2M1), a block size, a scale format and a rule for the block
+scale (numerics spec section 3). The rule is named here and computed in :mod:`ue5m3.numerics.scale_rules`, one plain
+function per name; a scheme holds no code, so it can be written in a config, compared and recorded with a result.
+
+* ``tensor_scaled`` -- the paper's UE5M3 quantizer (spec 3.1) and NVIDIA's NVFP4 as Transformer Engine computes it
+  (spec 3.2): a tensor scale G = (T * F) / g from target T, element max F and tensor reference g, then each block
+  scale rounded onto the scale format. ``scale_order`` selects TE's older FP32 order or torchao's for comparisons.
+  UE5M3 repairs scales that round to zero to 1.0 (``zero_scale_repair``); TE does not.
+* ``mx_floor`` -- OCP MXFP4 (spec 3.3): scale 2^(floor(log2 a_B) - 2) read from exponent bits, no tensor scale.
+* ``mx_ceil`` -- the alternative 2^(ceil(log2 a_B) - 2) (torchao's CEIL mode).
+* ``mx_rceil`` -- 2^ceil(log2(a_B * (1/6))), the exponent of the FP32 product rounded up from its bits
+  (torchao's RCEIL, Transformer Engine's ``float_to_e8m0`` and Blackwell's ``cvt.rp.satfinite.ue8m0x2.f32``).
+* ``mx_round_log2`` -- the authors' MXFP4 baseline: a tensor scale as above, then the power of two nearest to
+  u in the log domain.
+
+Dequantization follows each scheme's reference implementation bit for bit (:class:`DequantizeOrder`): the paper's
+kernel for UE5M3, Transformer Engine's dequantize kernel for NVFP4 (finite for every finite input), OCP/torchao
+for MXFP4. :data:`SCHEMES` names the four schemes the recipes use; :func:`get_scheme` looks one up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, UE8M0, FloatFormat
+
+__all__ = ["ScaleRule", "ScaleOrder", "DequantizeOrder", "BlockScheme", "SCHEMES", "get_scheme"]
+
+
+class ScaleRule(StrEnum):
+    """How a block scale is derived from the block (see :mod:`ue5m3.numerics.scale_rules` for each function)."""
+
+    TENSOR_SCALED = "tensor_scaled"
+    MX_FLOOR = "mx_floor"
+    MX_CEIL = "mx_ceil"
+    MX_RCEIL = "mx_rceil"
+    MX_ROUND_LOG2 = "mx_round_log2"
+
+
+# the rules whose block scales depend on a tensor reference g (through G = (T * F) / g); the others read only blocks
+_TENSOR_REFERENCED = (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2)
+
+
+class DequantizeOrder(StrEnum):
+    """FP32 order of dequantization, one per reference implementation (they differ in the last bit)."""
+
+    ENCODED = "encoded"  # (payload * scale) * (1/G): the paper's UE5M3 kernel (exact product, one rounding)
+    DECODE_SCALE = "decode_scale"  # payload * (scale * (1/G)): the paper's portable torch reference
+    TE_KERNEL = "te_kernel"  # payload * ((scale * g) * fp32(1/(T*F))): Transformer Engine's NVFP4 dequantize kernel
+    TE_TESTS = "te_tests"  # (payload * scale) * (g / (T*F)): how Transformer Engine's NVFP4 PyTorch tests compare
+
+
+class ScaleOrder(StrEnum):
+    """FP32 operation order of the ideal tensor-scaled block scale (they differ at scale-format midpoints)."""
+
+    TE = "te"  # a_B * (G * (1/F)): the paper's UE5M3 and current Transformer Engine
+    TE_LEGACY = "te_legacy"  # (a_B / F) * G: older Transformer Engine releases
+    TORCHAO = "torchao"  # (a_B / F) / (g / (T * F)): torchao's nvfp4_quantize
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockScheme:
+    """A block-scaled format: element format, block size, scale format and scale rule.
+
+    Attributes:
+        name: scheme name recorded with results.
+        scale: format of the block scales (UE5M3, E4M3, UE8M0, ...).
+        block_size: elements per block (and tile side for 2D blocks).
+        target: tensor-scale target T, or None for schemes without a tensor scale (OCP MX).
+        element: payload format.
+        scale_rule: see :class:`ScaleRule`.
+        scale_order: see :class:`ScaleOrder` (tensor-scaled rules only).
+        zero_scale_repair: replace block scales that round to zero by 1.0 (the paper's UE5M3 rule).
+        dequantize_order: see :class:`DequantizeOrder`.
+    """
+
+    name: str
+    scale: FloatFormat
+    block_size: int
+    target: float | None
+    element: FloatFormat = E2M1
+    scale_rule: ScaleRule = ScaleRule.TENSOR_SCALED
+    scale_order: ScaleOrder = ScaleOrder.TE
+    zero_scale_repair: bool = False
+    dequantize_order: DequantizeOrder = DequantizeOrder.ENCODED
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"scheme {self.name!r}: block_size must be a positive int, got {self.block_size!r}")
+        object.__setattr__(self, "scale_rule", ScaleRule(self.scale_rule))
+        object.__setattr__(self, "scale_order", ScaleOrder(self.scale_order))
+        object.__setattr__(self, "dequantize_order", DequantizeOrder(self.dequantize_order))
+        if self.uses_tensor_amax:
+            if self.target is None or isinstance(self.target, bool):
+                raise ValueError(f"scheme {self.name!r}: rule {self.scale_rule.value!r} needs a numeric target")
+            target = float(self.target)
+            if not (0 < target < float("inf")):
+                raise ValueError(f"scheme {self.name!r}: target must be positive and finite, got {self.target!r}")
+        elif self.target is not None:
+            raise ValueError(f"scheme {self.name!r}: rule {self.scale_rule.value!r} takes no target")
+        if self.scale_rule is not ScaleRule.TENSOR_SCALED and self.scale != UE8M0:
+            raise ValueError(f"scheme {self.name!r}: MX rules need the ue8m0 scale format")
+
+    def with_target(self, target: float) -> BlockScheme:
+        return dataclasses.replace(self, target=target)
+
+    @property
+    def uses_tensor_amax(self) -> bool:
+        """Whether the block scales depend on a tensor reference (the MX power-of-two rules read only the block)."""
+        return self.scale_rule in _TENSOR_REFERENCED
+
+
+SCHEMES: dict[str, BlockScheme] = {
+    "ue5m3_b16": BlockScheme(name="ue5m3_b16", scale=UE5M3, block_size=16, target=448.0, zero_scale_repair=True),
+    "ue5m3_b32": BlockScheme(name="ue5m3_b32", scale=UE5M3, block_size=32, target=448.0, zero_scale_repair=True),
+    "nvfp4": BlockScheme(
+        name="nvfp4", scale=E4M3, block_size=16, target=448.0, dequantize_order=DequantizeOrder.TE_KERNEL
+    ),
+    "mxfp4": BlockScheme(name="mxfp4", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_FLOOR),
+}
+
+
+def get_scheme(scheme: str | BlockScheme) -> BlockScheme:
+    """Look up a named scheme, or pass a scheme object through."""
+    if isinstance(scheme, BlockScheme):
+        return scheme
+    if not isinstance(scheme, str):
+        raise TypeError(f"scheme must be a name or BlockScheme, got {type(scheme).__name__}")
+    try:
+        return SCHEMES[scheme]
+    except KeyError:
+        raise ValueError(f"unknown scheme {scheme!r}; known schemes: {sorted(SCHEMES)}") from None
