@@ -20,11 +20,10 @@ include: "workflow/rules/training.smk"
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/identification.smk"
 include: "workflow/rules/throughput.smk"
-include: "workflow/rules/report.smk"
 
 
 # Run on the submitting machine, never sent to SLURM as jobs: the targets, the run configs, the summaries and
-# the figure notebooks (seconds each; the report views are local rules of their own).
+# the figure notebooks, which also write each figure's report view (seconds each).
 localrules:
     all,
     train_config,

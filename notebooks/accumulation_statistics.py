@@ -52,7 +52,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
 from ue5m3.plotting import (
     OURS_COLOR,
@@ -61,6 +60,7 @@ from ue5m3.plotting import (
     notebook_setup,
     paper_vs_ours,
     save_figure,
+    save_table,
     scale_caption,
 )
 
@@ -123,7 +123,7 @@ paper_sweep = paper[paper["table"].str.startswith("grid_sweep")]
 # Our numbers beside the paper's, with the agreement columns: the paper's bias table is RTZ accumulation of BF16
 # operands.
 comparison = comparisons.accumulation_vs_paper(bias, sweep, paper)
-write_csv(comparison_csv, comparison.to_dict("records"), list(comparison.columns))
+save_table(comparison_csv, comparison, list(comparison.columns))
 ours_setup = {label: settings[key] for label, key in setup_keys.items()}
 setup = scale_caption(ours_setup | {"grid": f"1/{ours_setup['grid']}"}, paper_setup)
 agreed = comparison["agrees"].sum()

@@ -41,9 +41,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, scale_caption
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
 # %% tags=["parameters"]
 downstream_jsons: list = []  # filled by Snakemake (results/eval/downstream/<recipe>/seed<s>/step<n>/<policy>.json)
@@ -62,7 +61,7 @@ paper_setup = {
 notebook_setup(globals(), downstream_jsons="input", figure_pdf="output.figure", table_csv="output.table")
 records = [(path, json.loads(Path(path).read_text())) for path in downstream_jsons]
 table = comparisons.downstream_vs_paper(records, reference.load("olmes_aggregates"))
-write_csv(table_csv, table.to_dict("records"), list(table.columns))
+save_table(table_csv, table, list(table.columns))
 first = records[0][1]
 setup = scale_caption(
     {

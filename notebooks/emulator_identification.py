@@ -45,9 +45,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, scale_caption
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
 # %% tags=["parameters"]
 summary_jsons: list = []  # filled by Snakemake (results/identify/fits/<fit>/summary.json)
@@ -79,7 +78,7 @@ ours = pd.concat([pd.read_csv(path).assign(fit=Path(path).parent.name) for path 
 paper = reference.load("emulator_identification")
 # Our rows in the fitter's order, then the paper's rows we have no counterpart for; shares and agreement columns.
 table = comparisons.emulator_identification_vs_paper(ours, paper)
-write_csv(table_csv, table.to_dict("records"), list(table.columns))
+save_table(table_csv, table, list(table.columns))
 for name, fit in fits.items():
     print(f"{name}: oracle {fit['oracle']}; identified {fit['identified']}; best {fit['best']}; cells {fit['cells']}")
 oracles = {name: fit["oracle"].get("recorded", fit["oracle"]).get("kind", "?") for name, fit in fits.items()}
@@ -158,5 +157,5 @@ save_figure(fig, figure_pdf)
 
 # %%
 parity = comparisons.parity_table([(path, json.loads(Path(path).read_text())) for path in parity_jsons])
-write_csv(parity_csv, parity.to_dict("records"), list(parity.columns))
+save_table(parity_csv, parity, list(parity.columns))
 print(parity.to_string(index=False))

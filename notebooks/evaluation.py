@@ -54,7 +54,6 @@ import numpy as np
 import pandas as pd
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.evaluation.nll import load_results
 from ue5m3.experiments import comparisons
 from ue5m3.numerics.formats import UE5M3
@@ -66,6 +65,7 @@ from ue5m3.plotting import (
     notebook_setup,
     paper_vs_ours,
     save_figure,
+    save_table,
     scale_caption,
 )
 
@@ -112,14 +112,14 @@ reference_nll = reference.load("validation_nll")
 # ours: each recipe under its main policy (the sensitivity runs add other policies at the last step only)
 ours, paper = comparisons.validation_nll_tables(results, reference_nll)
 table = comparisons.validation_vs_paper(results, reference_nll)
-write_csv(table_csv, table.to_dict("records"), list(table.columns))
+save_table(table_csv, table, list(table.columns))
 # the sensitivity recipe is the one evaluated under several policies
 sensitivity_recipe = results.groupby("recipe")["policy"].nunique().idxmax()
 sensitivity = comparisons.policy_sensitivity_vs_paper(results, reference_nll, recipe=sensitivity_recipe)
-write_csv(sensitivity_csv, sensitivity.to_dict("records"), list(sensitivity.columns))
+save_table(sensitivity_csv, sensitivity, list(sensitivity.columns))
 counts = pd.concat([pd.read_csv(p).assign(recipe=Path(p).parts[-3]) for p in snapshot_counts], ignore_index=True)
 snapshot = comparisons.scale_snapshot_vs_paper(counts, reference.load("scale_snapshot"))
-write_csv(snapshot_csv, snapshot.to_dict("records"), list(snapshot.columns))
+save_table(snapshot_csv, snapshot, list(snapshot.columns))
 colors = {recipe: f"C{i}" for i, recipe in enumerate(sorted(set(ours["recipe"]) | set(paper["recipe"])))}
 record = json.loads(Path(nll_jsons[0]).read_text())
 setup = scale_caption(

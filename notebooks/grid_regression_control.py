@@ -40,9 +40,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, scale_caption
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
 # %% tags=["parameters"]
 runs_csv = "results/identify/grid_control/runs.csv"
@@ -74,7 +73,7 @@ curves = pd.read_csv(curves_csv, dtype={"grid": str})
 summary = json.loads(Path(summary_json).read_text())
 # Bit identity per arm: one distinct final-parameter hash per seed across all grids.
 table = comparisons.grid_regression_control_vs_paper(runs, reference.load("grid_regression_control"))
-write_csv(table_csv, table.to_dict("records"), list(table.columns))
+save_table(table_csv, table, list(table.columns))
 print(table.drop(columns="tolerance").to_string(index=False))
 print("bitwise identical across grids, per seed/rounding:", summary["bitwise_identical_across_grids"])
 settings = summary["provenance"]["config"]

@@ -44,9 +44,16 @@ import pandas as pd
 from matplotlib.patches import Patch
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
-from ue5m3.plotting import PAPER_COLOR, add_caption, format_number, notebook_setup, save_figure, scale_caption
+from ue5m3.plotting import (
+    PAPER_COLOR,
+    add_caption,
+    format_number,
+    notebook_setup,
+    save_figure,
+    save_table,
+    scale_caption,
+)
 
 # %% tags=["parameters"]
 tables = ["results/throughput/emulated/throughput.csv"]
@@ -68,7 +75,7 @@ notebook_setup(
 )
 ours = pd.concat([pd.read_csv(path) for path in tables], ignore_index=True)
 table = comparisons.throughput_vs_paper(ours, reference.load("throughput_ablation"))
-write_csv(table_csv, table.to_dict("records"), list(table.columns))
+save_table(table_csv, table, list(table.columns))
 print(table.drop(columns="tolerance").to_string(index=False))
 settings = [json.loads(Path(path).read_text())["config"] for path in provenances]
 setups = [

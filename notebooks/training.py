@@ -48,9 +48,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ue5m3 import reference
-from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
-from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, scale_caption
+from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
 # %% tags=["parameters"]
 curves_csv = "results/train/summary/main/curves.csv"
@@ -91,7 +90,7 @@ paper = reference.load("training_loss_final")
 paper_control = reference.load("control_350m_final_window")
 ours_gap, paper_gap = comparisons.training_gaps(by_recipe, paper)
 table = comparisons.training_vs_paper(by_recipe, paper)
-write_csv(table_csv, table.to_dict("records"), list(table.columns))
+save_table(table_csv, table, list(table.columns))
 
 
 def settings(paths):

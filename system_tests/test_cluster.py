@@ -54,7 +54,7 @@ def workdir(tmp_path_factory, cluster):
     shutil.copytree(ROOT / "config", work / "config")
     config = yaml.safe_load((work / "config" / "config.yaml").read_text())
     tiny = {"seeds": [1], "steps": 4, "log_every": 1, "checkpoint_every": 2, "keep_every": 2}
-    config["training"].update(tiny, recipes=["bf16", "ue5m3_b16"], final_window=2, smoothing_steps=2)
+    config["training"].update(tiny, recipes=["bf16", "ue5m3_b16"], summary={"final_window": 2, "smoothing_steps": 2})
     config["control"].update(tiny)
     config["data"].update(
         max_documents=120,
@@ -63,7 +63,8 @@ def workdir(tmp_path_factory, cluster):
         validation_windows=4,
         calibration_windows=2,
     )
-    config["evaluation"].update(steps=[2, 4], replay_orders=2, bootstrap_samples=50, downstream_examples=4)
+    config["evaluation"].update(steps=[2, 4], nll={"replay_orders": 2, "bootstrap_samples": 50})
+    config["evaluation"]["downstream"]["examples"] = 4
     (work / "config" / "tiny.yaml").write_text(yaml.safe_dump(config))
     return work
 

@@ -16,16 +16,16 @@ SMALL = {"order_k": 256, "order_permutations": 16, "threshold_k": 512, "threshol
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.safetensors"
-    assert cli.main(["make-probes", "--config", json.dumps(SMALL), "--out", str(path)]) == 0
+    assert cli.main(["make-probes", "--config", json.dumps({"corpus": SMALL}), "--out", str(path)]) == 0
     return path
 
 
 def test_fit_emulator_recovers_the_hidden_candidate_through_a_recording(corpus, tmp_path):
     labels = tmp_path / "labels.safetensors"
-    assert cli.main(["record-oracle", "--corpus", str(corpus), "--oracle", "emulator:w32-exact-rtz-g2048",
-                     "--out", str(labels)]) == 0  # fmt: skip
+    oracle = json.dumps({"oracle": "emulator:w32-exact-rtz-g2048"})
+    assert cli.main(["record-oracle", "--config", oracle, "--corpus", str(corpus), "--out", str(labels)]) == 0
     out = tmp_path / "fit"
-    assert cli.main(["fit-emulator", "--corpus", str(corpus), "--oracle", f"recorded:{labels}", "--out", str(out)]) == 0
+    assert cli.main(["fit-emulator", "--corpus", str(corpus), "--labels", str(labels), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["identified"] == ["w32-exact-rtz-g2048"] and summary["recovered"] is True
     assert summary["provenance"]["command"] == "fit-emulator"
@@ -44,9 +44,11 @@ def test_hardware_oracle_fails_closed_with_exit_code_3(corpus, tmp_path, capsys)
 
 
 def test_bad_corpus_config_names_the_key(tmp_path, capsys):
-    code = cli.main(["make-probes", "--config", '{"broad_k": 100}', "--out", str(tmp_path / "c.safetensors")])
+    code = cli.main(
+        ["make-probes", "--config", '{"corpus": {"broad_k": 100}}', "--out", str(tmp_path / "c.safetensors")]
+    )
     assert code == 2
-    assert "broad_k" in capsys.readouterr().err
+    assert "corpus.broad_k" in capsys.readouterr().err
     assert not (tmp_path / "c.safetensors").exists()
 
 
@@ -66,10 +68,27 @@ def test_parity_verb_reports_bitwise_equality(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     out = tmp_path / "parity.json"
-    assert cli.main(["parity", "--config", str(path), "--backend-a", "emulated:probe_matched", "--backend-b",
-                     "emulated:probe_matched:torch", "--steps", "1", "--out", str(out)]) == 0  # fmt: skip
+    backends = {"backend_a": "emulated:probe_matched", "backend_b": "emulated:probe_matched:torch", "steps": 1}
+    args = ["parity", "--config", json.dumps(backends), "--run-config", str(path), "--out", str(out)]
+    assert cli.main(args) == 0
     record = json.loads(out.read_text())
     assert record["report"]["bitwise_equal"] is True and record["command"] == "parity"
+
+
+def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, capsys):
+    """An unknown oracle, a malformed candidate grid and a bad parity backend name their key; nothing is written."""
+    bad = [
+        ["record-oracle", "--config", '{"oracle": "hopper"}', "--corpus", str(corpus), "--out", str(tmp_path / "l")],
+        ["fit-emulator", "--config", '{"slice_widths": [0, 64]}', "--corpus", str(corpus), "--oracle",
+         "emulator:w64-exact-rtz-g1024", "--out", str(tmp_path / "f")],
+        ["parity", "--config", '{"backend_a": "emulated:nope", "backend_b": "emulated"}', "--run-config",
+         str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "p.json")],
+    ]  # fmt: skip
+    expected = ["unknown oracle 'hopper'", "slice_widths: positive ints or null", "backend_a: unknown backend"]
+    for args, message in zip(bad, expected, strict=True):
+        assert cli.main(args) == 2
+        assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_grid_control_verb_writes_its_tables(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -123,6 +124,38 @@ def test_load_value_reads_inline_json_or_a_file(tmp_path):
     assert config.load_value(str(path)) == ({"a": 2}, str(path))
     with pytest.raises(config.ConfigError, match="not valid JSON"):
         config.load_value("{a: 1")
+
+
+def test_load_value_reads_a_section_of_a_file(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("evaluation:\n  nll: {seed: 3}\n  steps: [1]\n")
+    assert config.load_value(f"{path}#evaluation.nll") == ({"seed": 3}, f"{path}#evaluation.nll")
+    with pytest.raises(
+        config.ConfigError, match=r"no section 'evaluation.snapshot' \(keys there: \['nll', 'steps'\]\)"
+    ):
+        config.load_value(f"{path}#evaluation.snapshot")
+
+
+def test_field_docs_read_both_docstring_styles():
+    @dataclasses.dataclass
+    class Documented:
+        """Something.
+
+        Attributes:
+            a, b: two numbers
+                on two lines.
+        """
+
+        a: int = 1
+        b: int = 2
+        c: int = 3
+        """The third."""
+
+    assert config.field_docs(Documented) == {
+        "a": "two numbers on two lines.",
+        "b": "two numbers on two lines.",
+        "c": "The third.",
+    }
 
 
 def test_schema_describes_what_the_loader_accepts():

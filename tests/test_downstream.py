@@ -57,9 +57,7 @@ def test_evaluate_run_writes_scores_aggregates_and_provenance(run, tmp_path):
             "--run-dir", str(run_dir),
             "--policy", "cold_d50_replay",
             "--tasks-dir", str(tmp_path / "tasks"),
-            "--tasks", *tasks,
-            "--examples", "6",
-            "--limit", "4",
+            "--config", json.dumps({"tasks": tasks, "examples": 6, "limit": 4}),
             "--out", str(out),
         ]
     )  # fmt: skip
@@ -83,9 +81,7 @@ def test_evaluate_run_writes_scores_aggregates_and_provenance(run, tmp_path):
         tmp_path / "again.json",
         policy="cold_d50_replay",
         task_dir=tmp_path / "tasks",
-        tasks=tasks,
-        n=6,
-        limit=4,
+        cfg=olmes.DownstreamConfig(tasks=tuple(tasks), examples=6, limit=4),
     )
     assert again["scores"] == record["scores"] and again["tasks_sha256"] == record["tasks_sha256"]
     with pytest.raises(ValueError, match="built with n=6"):

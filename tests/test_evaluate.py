@@ -13,6 +13,7 @@ from ue5m3 import cli
 from ue5m3.data import open_data
 from ue5m3.evaluation.inference import load_for_inference
 from ue5m3.evaluation.nll import (
+    NllConfig,
     SequenceNLL,
     bootstrap_interval,
     evaluation_orders,
@@ -117,7 +118,7 @@ def test_percent_vs_bf16_is_positive_when_the_candidate_is_lower():
 def test_run_nll_writes_json_and_sequences_with_provenance(run, tmp_path):
     run_dir, validation = run
     out = tmp_path / "replay.json"
-    record = run_nll(run_dir, out, policy="cold_d50_replay", orders=3, validation=validation)
+    record = run_nll(run_dir, out, policy="cold_d50_replay", cfg=NllConfig(replay_orders=3), validation=validation)
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(record))
     assert written["tokens"] == 256 and written["order_summary"]["orders"] == 3
@@ -129,6 +130,11 @@ def test_run_nll_writes_json_and_sequences_with_provenance(run, tmp_path):
     assert current["bootstrap_95"]["low"] <= current["nll"] <= current["bootstrap_95"]["high"]
     with pytest.raises(ValueError, match="order-independent"):
         run_nll(run_dir, tmp_path / "bad.json", policy="current_tensor", orders=2, validation=validation)
+    # the config's replay orders apply to the order-dependent policy only
+    once = run_nll(
+        run_dir, tmp_path / "once.json", policy="current_tensor", cfg=NllConfig(replay_orders=3), validation=validation
+    )
+    assert len(once["order_nll"]) == 1 and once["nll"] == current["nll"]
     table = load_results([out, tmp_path / "current.json"])
     assert list(table["policy"]) == ["cold_d50_replay", "current_tensor"]
     replay = table.iloc[0]
@@ -151,7 +157,10 @@ def test_evaluate_nll_verb_reads_the_runs_data_and_writes_the_result(run, tmp_pa
     run_dir, _ = run
     out = tmp_path / "bf16.json"
     assert (
-        cli.main(["evaluate-nll", "--run-dir", str(run_dir), "--policy", "bf16", "--force-bf16", "--out", str(out)])
+        cli.main(
+            ["evaluate-nll", "--config", '{"force_bf16": true}', "--run-dir", str(run_dir), "--policy", "bf16"]
+            + ["--out", str(out)]
+        )
         == 0
     )
     assert json.loads(out.read_text())["tokens"] == 256

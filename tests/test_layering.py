@@ -5,13 +5,14 @@ Floors, bottom to top (a unit may import only units on lower floors, and itself)
 0. ``config``: the strict config loader (imports nothing of the package);
 1. ``artifacts``, ``reference``, ``logs``: atomic outputs, provenance, the paper's numbers, the log format and
    progress;
-2. ``numerics``: formats, quantizers, Hadamard, scale lifecycle, GEMM models, exact arithmetic, kernels;
+2. ``numerics``: formats, quantizers, Hadamard, scale lifecycle, GEMM models, exact arithmetic, kernels; ``report``:
+   the report views of figures and tables;
 3. ``layers``, ``models``, ``data``: FP4 layers and recipes; plain models; corpora and loaders (mutually
    independent);
 4. ``training``;
 5. ``evaluation``;
-6. ``identify``, ``experiments``, ``plotting``, ``report`` (mutually independent);
-7. ``workflow_config``: the pipeline config checked as a whole (every stage's loader);
+6. ``identify``, ``experiments``, ``plotting`` (mutually independent);
+7. ``pipeline``: the pipeline config as dataclasses, checked as a whole, its jobs and its figure registry;
 8. ``cli``, then ``__main__``.
 
 Inside ``numerics`` the modules have their own order (``NUMERICS_ORDER``), and nothing outside ``training``
@@ -30,12 +31,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ue5m3"
 FLOORS: list[set[str]] = [
     {"config"},
     {"artifacts", "reference", "logs"},
-    {"numerics"},
+    {"numerics", "report"},
     {"layers", "models", "data"},
     {"training"},
     {"evaluation"},
-    {"identify", "experiments", "plotting", "report"},
-    {"workflow_config"},
+    {"identify", "experiments", "plotting"},
+    {"pipeline"},
     {"cli"},
     {"__main__"},
 ]

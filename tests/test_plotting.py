@@ -169,3 +169,42 @@ def test_add_caption_refuses_a_figure_without_constrained_layout():
     fig = plt.figure(layout="none")
     with pytest.raises(ValueError, match="constrained"):
         plotting.add_caption(fig, "text")
+
+
+class _Outputs(dict):
+    """The named outputs of a Snakemake job as the notebook's ``snakemake.output`` holds them."""
+
+    def __getattr__(self, name):
+        return self[name]
+
+
+class _Snakemake:
+    def __init__(self, **outputs):
+        self.input = _Outputs()
+        self.output = _Outputs(outputs)
+
+
+def test_a_rule_declaring_views_gets_them_written_beside_its_figure_and_table(tmp_path):
+    figure, table = tmp_path / "figures" / "f.pdf", tmp_path / "figures" / "t.csv"
+    views = tmp_path / "report"
+    namespace = {
+        "snakemake": _Snakemake(f=str(figure), f_view=str(views / "f.png"), t=str(table), t_view=str(views / "t.html")),
+        "figure_pdf": "unused",
+    }
+    plotting.notebook_setup(namespace, figure_pdf="output.f")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    plotting.save_figure(fig, figure)
+    plt.close(fig)
+    plotting.save_table(table, [{"a": 1, "b": 2.5}], ["a", "b"])
+    assert (views / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<td>2.5</td>" in (views / "t.html").read_text() and table.read_text() == "a,b\n1,2.5\n"
+
+
+def test_by_hand_a_figure_is_saved_without_a_view(tmp_path):
+    namespace = {"figure_pdf": str(tmp_path / "f.pdf")}
+    plotting.notebook_setup(namespace, figure_pdf="output.f")
+    fig, _ = plt.subplots()
+    plotting.save_figure(fig, namespace["figure_pdf"])
+    plt.close(fig)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf"]

@@ -85,9 +85,10 @@ def test_run_snapshot_writes_counts_and_histograms(run, tmp_path):
 def test_scale_snapshot_verb_help_and_module_patterns(run, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["scale-snapshot", "--help"])
-    assert exit_info.value.code == 0 and "--modules" in capsys.readouterr().out
+    assert exit_info.value.code == 0 and "SnapshotConfig" in capsys.readouterr().out
     run_dir, _ = run
-    code = cli.main(["scale-snapshot", "--run-dir", str(run_dir), "--out-dir", str(tmp_path), "--modules", "*.up_proj"])
+    settings = '{"modules": ["*.up_proj"]}'
+    code = cli.main(["scale-snapshot", "--config", settings, "--run-dir", str(run_dir), "--out-dir", str(tmp_path)])
     assert code == 0
     counts = list(csv.DictReader((tmp_path / "counts.csv").open()))
     assert {r["module"] for r in counts} == {"model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj"}

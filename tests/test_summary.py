@@ -70,6 +70,6 @@ def test_unfinished_run_is_refused_naming_it(tmp_path):
 
 def test_run_writes_tables_with_provenance(tmp_path):
     runs = [_fake_run(tmp_path, r, 1, [3.0, 2.5], [0.2, 0.1]) for r in ("bf16", "ue5m3_b16")]
-    paths = summary.run(runs, tmp_path / "out", window_points=2, smoothing=5)
+    paths = summary.run(runs, tmp_path / "out", summary.SummaryConfig(final_window=2, smoothing_steps=5))
     assert set(paths) == {"curves", "final_window", "by_recipe", "provenance"}
     assert len(pd.read_csv(paths["curves"])) == 4

@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 import torch
 
-from ue5m3 import cli, config, models, reference, workflow_config
+from ue5m3 import cli, config, models, pipeline, reference
 from ue5m3.experiments import comparisons
 from ue5m3.experiments import throughput as tp
 from ue5m3.layers import native_te
+from ue5m3.pipeline import jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 PATTERN_8B = models.config("nemotron_h_8b").hybrid_override_pattern
@@ -162,8 +163,8 @@ def test_every_step_requantizes_the_weights_as_a_training_step_does():
 
 @pytest.mark.slow
 def test_the_cpu_scale_config_runs_the_8b_pattern_with_the_papers_counts(tmp_path):
-    pipeline = config.read_yaml(ROOT / "config" / "config.yaml")
-    settings = workflow_config.throughput_settings(pipeline, "emulated") | {"warmup_steps": 0, "measured_steps": 1}
+    cpu = pipeline.load(config.read_yaml(ROOT / "config" / "config.yaml"))
+    settings = jobs.throughput_settings(cpu, "emulated") | {"warmup_steps": 0, "measured_steps": 1}
     paths = tp.run(config.load(tp.ThroughputConfig, settings, source="config/config.yaml"), tmp_path)
     rows = list(csv.DictReader(paths["table"].open()))
     assert [(r["recipe"], int(r["fp4_linears"]), int(r["bf16_linears"])) for r in rows] == [
@@ -242,20 +243,20 @@ def _paper_config() -> dict:
 
 
 def test_the_paper_config_times_the_8b_body_natively_and_emulated():
-    cfg = _paper_config()
-    native = config.load(tp.ThroughputConfig, workflow_config.throughput_settings(cfg, "native"), source="paper")
-    emulated = config.load(tp.ThroughputConfig, workflow_config.throughput_settings(cfg, "emulated"), source="paper")
+    cfg = pipeline.load(_paper_config())
+    native = config.load(tp.ThroughputConfig, jobs.throughput_settings(cfg, "native"), source="paper")
+    emulated = config.load(tp.ThroughputConfig, jobs.throughput_settings(cfg, "emulated"), source="paper")
     for run in (native, emulated):
         assert (run.model, run.batch_size, run.sequence_length, run.measured_steps) == ("nemotron_h_8b", 1, 1024, 100)
         assert run.recipes == ("nvfp4_te", "nvfp4_no_rht_all_linears") and run.device == "cuda"
     assert native.execution is native_te.Execution.NATIVE_TE and emulated.execution is native_te.Execution.EMULATED
     assert models.config(native.model, **native.model_overrides) == models.config("nemotron_h_8b")
-    assert cfg["throughput"]["runs"]["native"]["partition"] == "blackwell"
+    assert cfg.throughput.runs["native"].partition == "blackwell"
 
 
 def test_the_pipeline_check_names_the_throughput_run_of_a_bad_setting():
     cfg = config.read_yaml(ROOT / "config" / "config.yaml")
     cfg["throughput"]["runs"]["emulated"]["recipes"] = ["bf16"]
     with pytest.raises(config.ConfigError) as err:
-        workflow_config.check(cfg, source="config/config.yaml")
+        pipeline.load(cfg, source="config/config.yaml")
     assert "throughput.runs.emulated: its settings: recipes[0]: 'bf16' is the BF16 baseline" in str(err.value)

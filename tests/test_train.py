@@ -221,12 +221,13 @@ def test_final_record_says_the_run_was_emulated(tmp_path):
 def test_the_cpu_scale_runs_keep_the_final_8_layers_in_bf16_and_override_their_down_projections(recipe):
     """config/config.yaml's main runs exercise the recipes' final-layer rules as the 8B runs do."""
     from ue5m3 import config as config_loader
-    from ue5m3 import workflow_config
+    from ue5m3 import pipeline
     from ue5m3.layers.linear import QuantLinear
     from ue5m3.layers.recipes import Operand
+    from ue5m3.pipeline import jobs
 
-    pipeline = config_loader.read_yaml(Path(__file__).resolve().parents[1] / "config" / "config.yaml")
-    cfg = TrainConfig.from_dict(workflow_config.run_settings(pipeline, "main", recipe, 1))
+    cpu = pipeline.load(config_loader.read_yaml(Path(__file__).resolve().parents[1] / "config" / "config.yaml"))
+    cfg = TrainConfig.from_dict(jobs.run_settings(cpu, "main", recipe, 1))
     model, records = build.build_model(cfg, cfg.resolved_recipe(), torch.device("cpu"))
     exempt = {r.layer for r in records if r.status == "bf16_exempt"}
     converted = {r.layer for r in records if r.status == "converted"}

@@ -32,7 +32,19 @@ from typing import Any, TypeVar
 
 import yaml
 
-__all__ = ["ConfigError", "ConfigTypeError", "load", "load_value", "dump", "read_yaml", "field_types", "schema"]
+__all__ = [
+    "ConfigError",
+    "ConfigTypeError",
+    "load",
+    "load_as",
+    "load_value",
+    "dump",
+    "read_yaml",
+    "field_types",
+    "field_docs",
+    "has_default",
+    "schema",
+]
 
 T = TypeVar("T")
 
@@ -90,10 +102,14 @@ def read_yaml(path: str | os.PathLike[str] | Traversable) -> Any:
 
 
 def load_value(text: str, *, what: str = "config") -> tuple[Any, str]:
-    """A config given on a command line: a JSON/YAML mapping inline, or the path of a YAML/JSON file.
+    """A config given on a command line: a JSON/YAML mapping inline, the path of a YAML/JSON file, or a section of
+    one as ``PATH#dotted.key`` (``config/config.yaml#evaluation.nll``: the pipeline config's section of a stage).
 
     Returns:
         (the parsed data, the source to name in errors).
+
+    Raises:
+        ConfigError: not valid JSON/YAML, or no such section in the file.
     """
     stripped = text.strip()
     if stripped.startswith(("{", "[")):
@@ -101,7 +117,15 @@ def load_value(text: str, *, what: str = "config") -> tuple[Any, str]:
             return json.loads(stripped), f"{what} (inline JSON)"
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{what} (inline JSON): not valid JSON: {exc}") from None
-    return read_yaml(stripped), stripped
+    path, _, section = stripped.partition("#")
+    data = read_yaml(path)
+    walked: list[str] = []
+    for key in filter(None, section.split(".")):
+        if not isinstance(data, Mapping) or key not in data:
+            keys = sorted(data) if isinstance(data, Mapping) else []
+            raise ConfigError(f"{path}: no section {'.'.join([*walked, key])!r} (keys there: {keys})")
+        data, walked = data[key], [*walked, key]
+    return data, stripped
 
 
 # ----- types --------------------------------------------------------------------------------------------
@@ -114,8 +138,82 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
-def _has_default(f: dataclasses.Field) -> bool:
+def has_default(f: dataclasses.Field) -> bool:
+    """Whether a dataclass field may be omitted (it has a default or a default factory)."""
     return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+_has_default = has_default
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory called), or :data:`dataclasses.MISSING`."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's documentation, one line of plain text: a docstring under the field, or its entry in the
+    ``Attributes:`` section of the class docstring (the two styles the project's dataclasses use); inherited fields
+    are documented by the class that declares them."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        docs.update(_attributes_section(klass.__doc__ or ""))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: text for name, text in docs.items() if name in names}
+
+
+def _attributes_section(docstring: str) -> dict[str, str]:
+    """``name: text`` entries (with their indented continuation lines) of a Google-style ``Attributes:`` section."""
+    import inspect
+
+    entries: dict[str, list[str]] = {}
+    inside, current, indent = False, None, None
+    for line in inspect.cleandoc(docstring).splitlines():
+        stripped = line.strip()
+        if stripped == "Attributes:":
+            inside, current, indent = True, None, None
+            continue
+        if not inside:
+            continue
+        if not stripped:
+            current = None
+            continue
+        depth = len(line) - len(line.lstrip())
+        if indent is None:
+            indent = depth
+        if depth < indent:
+            break
+        head, sep, rest = stripped.partition(":")
+        if depth == indent and sep and all(part.strip().isidentifier() for part in head.split(",")):
+            names = [n.strip() for n in head.split(",")]
+            current = names
+            for name in names:
+                entries[name] = [rest.strip()]
+        elif current is not None:
+            for name in current:
+                entries[name].append(stripped)
+    return {name: " ".join(part for part in parts if part) for name, parts in entries.items()}
 
 
 def _describe(tp: Any) -> str:
@@ -281,6 +379,12 @@ def load(cls: type[T], data: Any, *, source: str = "<config>", path: str = "", c
         raise kind(_invariant_message(source, path, str(exc), declared)) from None
 
 
+def load_as(tp: Any, data: Any, *, source: str = "<config>", path: str = "") -> Any:
+    """A value of annotation ``tp`` (a dataclass, ``X | None``, a mapping of dataclasses, ...) from plain data,
+    as strictly as :func:`load` builds a dataclass's fields."""
+    return _convert(data, tp, source, path)
+
+
 def _invariant_message(source: str, path: str, message: str, fields: Mapping[str, Any]) -> str:
     """A ``__post_init__`` message under the key path: 'key: detail' of a field becomes 'path.key: detail'."""
     head, sep, _ = message.partition(":")
@@ -302,7 +406,7 @@ def dump(value: Any) -> Any:
     return value
 
 
-# ----- schema (for the drift test against the Snakemake schema) ------------------------------------------
+# ----- schema (the Snakemake schema is generated from it) ----------------------------------------------
 
 
 def schema(tp: Any) -> dict[str, Any]:
@@ -312,12 +416,16 @@ def schema(tp: Any) -> dict[str, Any]:
         return {}
     if dataclasses.is_dataclass(tp):
         declared = [f for f in dataclasses.fields(tp) if f.init]
-        hints = field_types(tp)
+        hints, docs = field_types(tp), field_docs(tp)
+        properties = {}
+        for f in declared:
+            fragment = schema(hints[f.name])
+            properties[f.name] = {"description": docs[f.name], **fragment} if f.name in docs else fragment
         return {
             "type": "object",
             "additionalProperties": False,
             "required": sorted(f.name for f in declared if not _has_default(f)),
-            "properties": {f.name: schema(hints[f.name]) for f in declared},
+            "properties": properties,
         }
     if origin in (typing.Union, types.UnionType):
         return {"anyOf": [schema(a) for a in args]}

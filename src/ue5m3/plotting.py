@@ -11,7 +11,9 @@ side is drawn (the paper in grey/black hollow markers, ours in colour) so every 
 
 Every notebook starts with :func:`notebook_setup`: it applies the style and binds the notebook's path
 parameters to the Snakemake rule's inputs and outputs, or resolves their defaults from the repository root
-when the notebook runs by hand.
+when the notebook runs by hand. Under Snakemake, a rule's output ``<key>_view`` is the report view of its output
+``<key>`` (:mod:`ue5m3.pipeline.registry`): :func:`save_figure` and :func:`save_table` write the view beside the
+figure or table (:mod:`ue5m3.report`), in the same job, so a figure rebuilt alone can be reported at once.
 
 Every figure carries a caption (:func:`add_caption`) with the settings it was made with, read from the results'
 provenance, beside the paper's (:func:`scale_caption`), so a reader sees at once whether ours ran at CPU scale
@@ -30,7 +32,8 @@ from typing import Any
 import matplotlib as mpl
 from matplotlib.figure import Figure
 
-from ue5m3.artifacts import atomic_path
+from ue5m3 import report
+from ue5m3.artifacts import atomic_path, write_csv
 
 STYLE: dict[str, Any] = {
     "font.family": "DejaVu Sans",  # ships with matplotlib, so every machine renders the same glyphs
@@ -118,7 +121,33 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"save_figure needs a file suffix to choose the format, got {str(path)!r}; use e.g. .pdf")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=fmt, metadata=_STABLE_METADATA.get(fmt))
+    _write_view(path)
     return path
+
+
+def save_table(path: str | os.PathLike[str], rows: Any, fieldnames: list[str]) -> Path:
+    """Write a comparison table as CSV atomically (:func:`ue5m3.artifacts.write_csv`), and its report view when the
+    rule declares one.
+
+    Args:
+        path: the CSV file.
+        rows: dict rows, or a pandas DataFrame (its records).
+        fieldnames: the columns, in order.
+    """
+    records = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    write_csv(path, records, fieldnames)
+    _write_view(Path(path))
+    return Path(path)
+
+
+_VIEWS: dict[Path, Path] = {}
+"""Figure or table -> its report view, bound by :func:`notebook_setup` from the rule's ``<key>_view`` outputs."""
+
+
+def _write_view(path: Path) -> None:
+    view = _VIEWS.get(path.resolve())
+    if view is not None:
+        report.render(path, view)
 
 
 def repo_path(path: str | os.PathLike[str]) -> Path:
@@ -180,6 +209,13 @@ def notebook_setup(namespace: MutableMapping[str, Any], **sources: str) -> None:
         if section not in _SNAKEMAKE_SECTIONS:
             raise ValueError(f"{name}={source!r}: the source must be one of {_SNAKEMAKE_SECTIONS}, optionally .name")
     smk = namespace.get("snakemake")  # injected by Snakemake's notebook: directive
+    _VIEWS.clear()
+    named = getattr(smk.output, "items", None) if smk is not None else None  # Snakemake's named outputs
+    if callable(named):
+        outputs = dict(named())
+        for key, view in outputs.items():
+            if key.endswith("_view") and key.removesuffix("_view") in outputs:
+                _VIEWS[Path(outputs[key.removesuffix("_view")]).resolve()] = Path(view)
     for name, source in sources.items():
         default = namespace[name]
         if smk is None:

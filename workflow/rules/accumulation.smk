@@ -1,5 +1,5 @@
-# Statistical consequences of the probe-matched FP32 accumulation (paper appendix C): tables from the CLI,
-# figures from a notebook.
+# Statistical consequences of the probe-matched FP32 accumulation (paper appendix C): tables from the CLI, figures
+# from a notebook.
 
 
 rule accumulation_stats:
@@ -33,10 +33,7 @@ rule accumulation_figures:
         grid_sweep=rules.accumulation_stats.output.grid_sweep,
         provenance=rules.accumulation_stats.output.provenance,
     output:
-        rtz_bias=figure_path("accumulation_rtz_bias.pdf"),
-        cancellation=figure_path("accumulation_cancellation.pdf"),
-        grid_sweep=figure_path("accumulation_grid_sweep.pdf"),
-        comparison=figure_path("accumulation_vs_paper.csv"),
+        **figure_outputs("accumulation_figures"),
     log:
         notebook=log_path("notebooks", "accumulation_statistics.ipynb"),
     conda:

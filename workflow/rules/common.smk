@@ -1,6 +1,8 @@
-"""Helpers for all rule files (config validation and path builders).
+"""Helpers for all rule files: the config loaded once, paths, each job's --config, resources, and the figures.
 
-All Python logic of the workflow lives here (style guide rule 10); rule files only call these helpers.
+All Python logic of the workflow lives here (style guide rule 10); rule files only call these helpers. The config
+is validated against the schema generated from ue5m3.pipeline.sections, then loaded and checked as a whole
+(ue5m3.pipeline.load: every stage's loader, every run's settings, the cross-references), before any job starts.
 """
 
 import json
@@ -9,37 +11,50 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from ue5m3 import artifacts, workflow_config
+from ue5m3 import artifacts
+from ue5m3 import config as configs
+from ue5m3 import pipeline
+from ue5m3.evaluation.inference import InferencePolicy
+from ue5m3.identify.oracles import OracleConfig
+from ue5m3.identify.parity import ParityConfig
+from ue5m3.identify.run import WitnessConfig
+from ue5m3.pipeline import jobs, registry
 
 validate(config, "../schemas/config.schema.yaml")
-# What the schema cannot see, before any job starts: duplicate keys, every stage's strict loader, every run's
-# settings and the cross-references between sections (errors name the key paths).
-workflow_config.check_files(workflow.configfiles)
-workflow_config.check(
-    config, source=" + ".join(map(str, workflow.configfiles)) or "config"
-)
+pipeline.check_files(workflow.configfiles)
+PIPELINE = pipeline.load(config, source=" + ".join(map(str, workflow.configfiles)) or "config")
+# Every default filled in (from the dataclasses, their one home): what lookup() and the report's captions read.
+config.update(configs.dump(PIPELINE))
 
 # The conda environments' post-deploy scripts (workflow/envs/*.post-deploy.sh) install this repository from here.
 os.environ.setdefault("UE5M3_SOURCE", str(workflow.basedir))
 
-RESULTS_DIR = Path(config["results_dir"])
-FIGURES_DIR = Path(config["figures_dir"])
-LOGS_DIR = Path("logs")
+TRAINING, CONTROL = PIPELINE.training, PIPELINE.control
+EVALUATION, IDENT, THROUGHPUT = (
+    PIPELINE.evaluation,
+    PIPELINE.identification,
+    PIPELINE.throughput,
+)
+CONTROL_VARIANTS = jobs.CONTROL_VARIANTS
+POLICIES = "|".join(p.value for p in InferencePolicy)
+
+
+# ----- paths, sources and each job's --config ----------------------------------------------------------
 
 
 def result_path(*parts):
     """A path under the configured results directory."""
-    return str(RESULTS_DIR.joinpath(*parts))
+    return str(Path(PIPELINE.results_dir).joinpath(*parts))
 
 
 def figure_path(name):
     """A path under the configured figures directory."""
-    return str(FIGURES_DIR / name)
+    return str(Path(PIPELINE.figures_dir) / name)
 
 
 def log_path(*parts):
     """A path under logs/ (one log per rule, and executed notebooks)."""
-    return str(LOGS_DIR.joinpath(*parts))
+    return str(Path("logs").joinpath(*parts))
 
 
 def benchmark_path(*parts):
@@ -49,140 +64,113 @@ def benchmark_path(*parts):
 
 def stage_config(dpath):
     """One config section (a dpath such as "identification/grid_control") as the JSON object its CLI verb
-    loads with the stage's strict loader (--config); defaults for omitted keys live in the stage's dataclass.
-    """
+    loads with the stage's strict loader (--config)."""
     return json.dumps(lookup(dpath=dpath, within=config), sort_keys=True)
+
+
+def as_json(settings):
+    return json.dumps(settings, sort_keys=True)
 
 
 def source_hash(module):
     """The hash of the package source a rule's CLI verb runs (its static import closure): a rule parameter, so
-    that Snakemake's params rerun trigger reruns exactly the jobs a source edit affects.
-    """
+    that Snakemake's params rerun trigger reruns exactly the jobs a source edit affects."""
     return artifacts.source_hash(module)
 
 
 def launcher_command(wildcards, resources):
     """The config's `launcher` with its placeholders filled from the job's own resources (never from SLURM_*
-    variables, which the SLURM jobstep plugin strips inside jobs). Placeholders {nodes}, {tasks} and
-    {procs_per_node} are explained in ue5m3.workflow_config.launcher."""
-    return workflow_config.launcher(config["launcher"], dict(resources.items()))
+    variables, which the SLURM jobstep plugin strips inside jobs; ue5m3.pipeline.jobs.launcher)."""
+    return jobs.launcher(PIPELINE.launcher, dict(resources.items()))
 
 
-def env_file(name):
-    """A conda environment file of workflow/envs/ (absolute: rules choose it by a function of their wildcards)."""
-    return str(Path(workflow.basedir) / "workflow" / "envs" / f"{name}.yaml")
+# ----- where a job runs: one helper for every rule ------------------------------------------------------
 
 
-# ----- report -------------------------------------------------------------------------------------------
-
-# name -> (file in figures/, report category, report view): one report item per figure and comparison table.
-_SECTIONS = {
-    "range": "1 Range of the block-scale formats (paper section 3)",
-    "accumulation": "2 FP32 accumulation statistics (paper appendix C)",
-    "training": "3 Pretraining (paper sections 7.2-7.3)",
-    "validation": "4 Validation loss and scale snapshot (paper sections 5.3, 7.4)",
-    "downstream": "5 Downstream evaluation (paper section 7.5)",
-    "identification": "6 Emulator identification (paper section 6)",
-    "throughput": "7 Throughput ablation (paper section 7.6)",
-}
-REPORT_ITEMS = {
-    name: (
-        f"{name}.{kind}",
-        _SECTIONS[section],
-        f"{name}.{'png' if kind == 'pdf' else 'html'}",
-    )
-    for section, names in {
-        "range": ["range_codebooks", "range_headroom", "range_worked_example"],
-        "accumulation": [
-            "accumulation_rtz_bias",
-            "accumulation_cancellation",
-            "accumulation_grid_sweep",
-            "accumulation_vs_paper",
-        ],
-        "training": [
-            "training_loss",
-            "training_final_window",
-            "training_stability",
-            "control_override",
-            "training_vs_paper",
-        ],
-        "validation": [
-            "validation_nll",
-            "validation_vs_bf16",
-            "policy_sensitivity",
-            "scale_snapshot",
-            "validation_vs_paper",
-            "policy_sensitivity_vs_paper",
-            "scale_snapshot_vs_paper",
-        ],
-        "downstream": ["downstream", "downstream_vs_paper"],
-        "identification": [
-            "emulator_identification",
-            "emulator_identification_vs_paper",
-            "parity",
-            "grid_regression_control",
-            "grid_regression_control_vs_paper",
-        ],
-        "throughput": ["throughput_ablation", "throughput_vs_paper"],
-    }.items()
-    for name in names
-    for kind in ["csv" if name.endswith("_vs_paper") or name == "parity" else "pdf"]
-}
+def _gpu_job(kind, wildcards):
+    """(partition, GPUs) of a job that runs on a GPU partition named in the config; None for any other job (the
+    profile places it). A native training run's GPUs come from the profile (several nodes)."""
+    if kind == "train":
+        native = jobs.run_execution(PIPELINE, wildcards.group, wildcards.variant) == "native_te"
+        return (TRAINING.native_partition, 0) if native else None
+    if kind == "fit":
+        fit = IDENT.fits[wildcards.fit]
+        return (fit.partition, 1) if fit.on_hardware else None
+    if kind == "parity":
+        entry = IDENT.parity[wildcards.name]
+        return (entry.partition, 1) if entry.native else None
+    if kind == "throughput":
+        run = THROUGHPUT.runs[wildcards.throughput_run]
+        return (run.partition, 1) if run.on_gpu else None
+    raise ValueError(f"unknown job kind {kind!r}")
 
 
-def report_views():
-    """Every report item's view (a PNG per figure, an HTML table per comparison table)."""
-    return [result_path("report", view) for _, _, view in REPORT_ITEMS.values()]
+def partition(kind):
+    """The `slurm_partition` resource of a rule's jobs ("": the profile's choice)."""
+
+    def of(wildcards):
+        job = _gpu_job(kind, wildcards)
+        return job[0] if job else ""
+
+    return of
 
 
-def report_sources():
-    return [figure_path(source) for source, _, _ in REPORT_ITEMS.values()]
+def gres(kind):
+    """The `gres` resource of a rule's jobs ("gpu:N", or "": none, or the profile's)."""
+
+    def of(wildcards):
+        job = _gpu_job(kind, wildcards)
+        return f"gpu:{job[1]}" if job and job[1] else ""
+
+    return of
 
 
-def report_outputs():
-    """name -> the view marked for the report, with its caption and category."""
-    return {
-        item: report(
-            result_path("report", view),
-            caption=str(Path(workflow.basedir) / "workflow" / "report" / f"{item}.rst"),
-            category=category,
+def environment(kind):
+    """The conda environment of a rule's jobs: the CUDA one on a GPU partition, else the CPU one."""
+
+    def of(wildcards):
+        name = "cuda" if _gpu_job(kind, wildcards) else "cpu"
+        return str(Path(workflow.basedir) / "workflow" / "envs" / f"{name}.yaml")
+
+    return of
+
+
+# ----- figures and their report views (ue5m3.pipeline.registry) ----------------------------------------
+
+
+def caption_file(name):
+    """The report caption of one figure, written from its registry entry (a Jinja template) into .snakemake/."""
+    path = Path(".snakemake", "ue5m3-captions", f"{name}.rst").resolve()  # the working directory's
+    text = registry.figure(name).caption + "\n"
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
+def figure_outputs(rule):
+    """A notebook rule's outputs: each figure or table of the registry it draws, and that item's report view
+    (`<key>_view`, written by the same job, so `snakemake --report report.html <figure>` holds it)."""
+    outputs = {}
+    for item in registry.figures_of(rule):
+        outputs[item.key] = figure_path(item.file)
+        outputs[f"{item.key}_view"] = report(
+            result_path("report", item.view),
+            caption=caption_file(item.name),
+            category=registry.category(item.stage),
+            labels={"item": item.title, "file": item.file},
         )
-        for item, (_, category, view) in REPORT_ITEMS.items()
-    }
-
-
-def report_pairs():
-    """`source view` pairs for `ue5m3 render-report-item`."""
-    return " ".join(
-        f"{figure_path(source)} {result_path('report', view)}"
-        for source, _, view in REPORT_ITEMS.values()
-    )
-
-
-def check_report_items():
-    """Every figure and table of `rule all` has a report item (with a caption); called once all rules exist."""
-    missing = sorted(
-        {Path(f).name for f in all_figures()}
-        - {source for source, _, _ in REPORT_ITEMS.values()}
-    )
-    if missing:
-        raise ValueError(
-            f"figures without a report item (add them to REPORT_ITEMS in common.smk): {missing}"
-        )
+    return outputs
 
 
 def all_figures():
-    """Every final figure: the inputs of `rule all`. Add each new figure rule here."""
-    return [
-        *rules.range_figures.output,
-        *rules.accumulation_figures.output,
-        *rules.training_figures.output,
-        *rules.evaluation_figures.output,
-        *rules.downstream_figures.output,
-        *rules.identification_figures.output,
-        *rules.grid_control_figures.output,
-        *rules.throughput_figures.output,
-    ]
+    """Every figure and table of the registry: the inputs of `rule all`."""
+    return [figure_path(item.file) for item in registry.FIGURES]
+
+
+def report_views():
+    """Every figure's report view."""
+    return [result_path("report", item.view) for item in registry.FIGURES]
 
 
 # ----- data --------------------------------------------------------------------------------------------
@@ -190,11 +178,10 @@ def all_figures():
 
 def fetched_tokenizer():
     """The tokenizer file and record of rule fetch_tokenizer when the config names a hub tokenizer_source; none
-    otherwise (the CPU config trains its BPE offline, or data.tokenizer_path names a file you provide).
-    """
-    if config["tokenizer_source"] is None:
+    otherwise (the CPU config trains its BPE offline, or data.tokenizer_path names a file you provide)."""
+    if PIPELINE.tokenizer_source is None:
         return []
-    return [config["data"]["tokenizer_path"], tokenizer_record()]
+    return [PIPELINE.data.tokenizer_path, tokenizer_record()]
 
 
 def tokenizer_record():
@@ -209,39 +196,37 @@ def data_part_record(part):
 
 def data_part_records():
     """Every part's manifest: the inputs of the merge (data.prepare_parts of them)."""
-    return [data_part_record(part) for part in range(config["data"]["prepare_parts"])]
+    return [data_part_record(part) for part in range(PIPELINE.data.prepare_parts)]
 
 
 # ----- training ----------------------------------------------------------------------------------------
 
-TRAINING = config["training"]
-CONTROL = config["control"]
-CONTROL_VARIANTS = workflow_config.CONTROL_VARIANTS
-
 
 def run_dir(group, variant, seed):
     """results/train/{group}/{variant}/seed{seed}: checkpoints, metrics and final.json of one run."""
-    return workflow_config.run_dir(config, group, variant, seed)
+    return jobs.run_dir(PIPELINE, group, variant, seed)
 
 
 def main_run_dirs():
-    return [
-        run_dir("main", recipe, seed)
-        for recipe in TRAINING["recipes"]
-        for seed in TRAINING["seeds"]
-    ]
+    return [run_dir("main", r, s) for r in TRAINING.recipes for s in TRAINING.seeds]
 
 
 def control_run_dirs():
-    return [
-        run_dir("control", variant, seed)
-        for variant in CONTROL_VARIANTS
-        for seed in CONTROL["seeds"]
-    ]
+    return [run_dir("control", v, s) for v in CONTROL_VARIANTS for s in CONTROL.seeds]
 
 
 def finals(run_dirs):
     return [str(Path(d) / "final.json") for d in run_dirs]
+
+
+def main_run_final(wildcards):
+    """The final.json (rule train_run's output) of the main run a job evaluates."""
+    return expand(
+        rules.train_run.output[0],
+        group="main",
+        variant=wildcards.recipe,
+        seed=wildcards.seed,
+    )
 
 
 def summary_runs(wildcards):
@@ -254,266 +239,160 @@ def summary_finals(wildcards):
 
 
 def summary_table(group, table):
-    return result_path("train", "summary", group, f"{table}.csv")
+    return expand(getattr(rules.training_summary.output, table), group=group)[0]
 
 
 def run_settings(wildcards):
     """The JSON settings of one run for `ue5m3 train-config` (validated there, strictly)."""
-    settings = workflow_config.run_settings(
-        config, wildcards.group, wildcards.variant, wildcards.seed
+    settings = jobs.run_settings(
+        PIPELINE, wildcards.group, wildcards.variant, wildcards.seed
     )
-    return json.dumps(settings, sort_keys=True)
-
-
-def run_is_native(wildcards):
-    return (
-        workflow_config.run_execution(config, wildcards.group, wildcards.variant)
-        == "native_te"
-    )
-
-
-def train_partition(wildcards):
-    """A native_te run goes to the Blackwell partition of the config; an emulated one where the profile says."""
-    return TRAINING["native_partition"] if run_is_native(wildcards) else ""
-
-
-def train_env(wildcards):
-    return env_file("cuda" if run_is_native(wildcards) else "cpu")
+    return as_json(settings)
 
 
 # ----- evaluation --------------------------------------------------------------------------------------
 
-EVALUATION = config["evaluation"]
-
 
 def nll_result(recipe, seed, step, policy):
-    return result_path(
-        "eval", "nll", recipe, f"seed{seed}", f"step{step}", f"{policy}.json"
-    )
+    path = ("eval", "nll", recipe, f"seed{seed}", f"step{step}", f"{policy}.json")
+    return result_path(*path)
 
 
 def nll_results():
     """Every validation-NLL result: each recipe's policy at every evaluated checkpoint, plus the sensitivity
     of the proposed recipe to the inference policy at the last checkpoint."""
     wanted = [
-        (recipe, seed, step, EVALUATION["policies"][recipe])
-        for recipe in TRAINING["recipes"]
-        for seed in TRAINING["seeds"]
-        for step in EVALUATION["steps"]
+        (recipe, seed, step, EVALUATION.policies[recipe].value)
+        for recipe in TRAINING.recipes
+        for seed in TRAINING.seeds
+        for step in EVALUATION.steps
     ]
-    if EVALUATION["sensitivity_recipe"] in TRAINING["recipes"]:
-        last = max(EVALUATION["steps"])
+    if EVALUATION.sensitivity_recipe in TRAINING.recipes:
         wanted += [
-            (EVALUATION["sensitivity_recipe"], seed, last, policy)
-            for seed in TRAINING["seeds"]
-            for policy in EVALUATION["sensitivity_policies"]
+            (EVALUATION.sensitivity_recipe, seed, max(EVALUATION.steps), policy.value)
+            for seed in TRAINING.seeds
+            for policy in EVALUATION.sensitivity_policies
         ]
     return sorted({nll_result(*item) for item in wanted})
 
 
-def replay_orders(wildcards):
-    return EVALUATION["replay_orders"] if wildcards.policy == "cold_d50_replay" else 1
-
-
 def snapshot_dirs():
-    seed = TRAINING["seeds"][0]
+    seed = TRAINING.seeds[0]
     return [
         result_path("eval", "snapshot", recipe, f"seed{seed}")
-        for recipe in EVALUATION["snapshot_recipes"]
+        for recipe in EVALUATION.snapshot_recipes
     ]
 
 
-def snapshot_counts():
-    return [str(Path(d) / "counts.csv") for d in snapshot_dirs()]
-
-
-def snapshot_histograms():
-    return [str(Path(d) / "histograms.csv") for d in snapshot_dirs()]
+def snapshot_tables(name):
+    return [str(Path(d) / f"{name}.csv") for d in snapshot_dirs()]
 
 
 def downstream_tasks_dir():
     """The lm-eval task dir shared by every downstream evaluation (one per subsample size)."""
-    n = EVALUATION["downstream_examples"]
+    n = EVALUATION.downstream.examples
     return result_path("eval", "downstream", "tasks", f"n{n}" if n else "all")
 
 
 def downstream_result(recipe, seed, step, policy):
-    return result_path(
-        "eval", "downstream", recipe, f"seed{seed}", f"step{step}", f"{policy}.json"
-    )
+    path = ("eval", "downstream", recipe, f"seed{seed}", f"step{step}", f"{policy}.json")
+    return result_path(*path)
 
 
 def downstream_results():
     """Each downstream recipe (that is also trained) under its policy, every seed, at the last evaluated step."""
-    last = max(EVALUATION["steps"])
     return [
-        downstream_result(recipe, seed, last, EVALUATION["policies"][recipe])
-        for recipe in EVALUATION["downstream_recipes"]
-        if recipe in TRAINING["recipes"]
-        for seed in TRAINING["seeds"]
+        downstream_result(
+            recipe, seed, max(EVALUATION.steps), EVALUATION.policies[recipe].value
+        )
+        for recipe in EVALUATION.downstream_recipes
+        if recipe in TRAINING.recipes
+        for seed in TRAINING.seeds
     ]
 
 
-def downstream_examples_arg():
-    n = EVALUATION["downstream_examples"]
-    return "all" if n is None else n
-
-
 # ----- identification ----------------------------------------------------------------------------------
-
-IDENT = config["identification"]
-
-
-def is_hardware(fit):
-    return not IDENT["fits"][fit]["oracle"].startswith("emulator:")
 
 
 def corpus_path(name):
     return result_path("identify", "corpora", f"{name}.safetensors")
 
 
-def corpus_settings(wildcards):
-    """The corpus's CorpusConfig fields as JSON (validated by `ue5m3 make-probes`)."""
-    return json.dumps(IDENT["corpora"][wildcards.corpus], sort_keys=True)
+def probes_config(wildcards):
+    """The --config of `ue5m3 make-probes`: the corpus and the witness GEMM (ProbesConfig)."""
+    witness = IDENT.witness
+    return as_json(
+        {
+            "corpus": configs.dump(IDENT.corpora[wildcards.corpus]),
+            "witness": None if witness is None else jobs.job_config(witness, WitnessConfig),
+        }
+    )
 
 
-def witness_inputs(wildcards):
+def witness_run():
+    """The run the witness GEMM is mined from (none without a witness)."""
+    w = IDENT.witness
+    return [] if w is None else [run_dir(w.group, w.variant, w.seed)]
+
+
+def witness_final(wildcards):
     """The witness run's final.json, so that its checkpoint exists before the corpus is made."""
-    w = IDENT["witness"]
-    return (
-        []
-        if w is None
-        else [str(Path(run_dir(w["group"], w["variant"], w["seed"])) / "final.json")]
-    )
+    return finals(witness_run())
 
 
-def witness_args(wildcards):
-    w = IDENT["witness"]
-    if w is None:
-        return ""
-    return (
-        f"--witness-run {run_dir(w['group'], w['variant'], w['seed'])} "
-        f"--witness-module {w['module']} --witness-sequences {w['sequences']}"
-    )
+def witness_option(wildcards):
+    return " ".join(f"--witness-run {d}" for d in witness_run())
 
 
-def fit_oracle(wildcards):
-    return IDENT["fits"][wildcards.fit]["oracle"]
+def oracle_config(wildcards):
+    """The --config of `ue5m3 record-oracle` (OracleConfig): the fit's oracle."""
+    return as_json(jobs.job_config(IDENT.fits[wildcards.fit], OracleConfig))
+
+
+def candidates_config(wildcards):
+    """The --config of `ue5m3 fit-emulator`: the fit's candidate grid, or the section's default one."""
+    grid = IDENT.fits[wildcards.fit].candidates or IDENT.candidates
+    return as_json(configs.dump(grid))
 
 
 def fit_corpus(wildcards):
-    return corpus_path(IDENT["fits"][wildcards.fit]["corpus"])
-
-
-def fit_partition(wildcards):
-    """A hardware oracle records on its configured GPU partition; an emulator anywhere ("" = the default)."""
-    fit = IDENT["fits"][wildcards.fit]
-    return fit.get("partition", "gpu") if is_hardware(wildcards.fit) else ""
-
-
-def fit_gres(wildcards):
-    return "gpu:1" if is_hardware(wildcards.fit) else ""
-
-
-def fit_env(wildcards):
-    return env_file("cuda" if is_hardware(wildcards.fit) else "cpu")
-
-
-def candidate_args(wildcards):
-    """The fit's candidate grid as `ue5m3 fit-emulator` flags (null -> none)."""
-    grid = IDENT["fits"][wildcards.fit].get("candidates", IDENT["candidates"])
-
-    def words(values):
-        return " ".join("none" if v is None else str(v) for v in values)
-
-    flags = [
-        f"--{key.replace('_', '-')} {words(grid[key])}"
-        for key in (
-            "slice_widths",
-            "partial_bits",
-            "roundings",
-            "promotions",
-            "final_grids",
-        )
-    ]
-    flags.append("--extra " + " ".join(grid["extra"]))
-    return " ".join(flags)
+    return corpus_path(IDENT.fits[wildcards.fit].corpus)
 
 
 def fit_dirs():
-    return [result_path("identify", "fits", fit) for fit in IDENT["fits"]]
-
-
-def parity_is_native(name):
-    entry = IDENT["parity"][name]
-    return "native_te" in (entry["backend_a"], entry["backend_b"])
+    return [result_path("identify", "fits", fit) for fit in IDENT.fits]
 
 
 def parity_reports():
-    return [
-        result_path("identify", "parity", f"{name}.json") for name in IDENT["parity"]
-    ]
+    return [result_path("identify", "parity", f"{name}.json") for name in IDENT.parity]
 
 
-def parity_settings(wildcards):
+def parity_run_settings(wildcards):
     """A TrainConfig for the parity run (`ue5m3 train-config` validates it)."""
-    return json.dumps(
-        workflow_config.parity_settings(config, wildcards.name), sort_keys=True
-    )
+    return as_json(jobs.parity_settings(PIPELINE, wildcards.name))
 
 
-def parity_value(key):
-    """A params function reading one key of the parity entry named by the wildcard."""
-    return lambda wildcards: IDENT["parity"][wildcards.name][key]
+def parity_config(wildcards):
+    """The --config of `ue5m3 parity` (ParityConfig): the two backends, the steps and the batch size."""
+    return as_json(jobs.job_config(IDENT.parity[wildcards.name], ParityConfig))
 
 
-def parity_partition(wildcards):
-    """A native_te parity run goes to its configured GPU partition; an emulated one anywhere."""
-    if not parity_is_native(wildcards.name):
-        return ""
-    return IDENT["parity"][wildcards.name].get("partition", "gpu")
+# ----- evaluation and throughput job configs -----------------------------------------------------------
 
 
-def parity_gres(wildcards):
-    return "gpu:1" if parity_is_native(wildcards.name) else ""
+def nll_config():
+    return as_json(configs.dump(EVALUATION.nll))
 
 
-def parity_env(wildcards):
-    return env_file("cuda" if parity_is_native(wildcards.name) else "cpu")
-
-
-# ----- throughput --------------------------------------------------------------------------------------
-
-THROUGHPUT = config["throughput"]
+def downstream_config():
+    return as_json(configs.dump(EVALUATION.downstream))
 
 
 def throughput_outputs(name):
     """One of each run's outputs (throughput.csv or provenance.json), every configured run, in config order."""
-    return [result_path("throughput", run, name) for run in THROUGHPUT["runs"]]
+    return [result_path("throughput", run, name) for run in THROUGHPUT.runs]
 
 
 def throughput_settings(wildcards):
     """The run's ThroughputConfig fields as JSON (`ue5m3 throughput` loads them strictly)."""
-    return json.dumps(
-        workflow_config.throughput_settings(config, wildcards.throughput_run),
-        sort_keys=True,
-    )
-
-
-def throughput_on_gpu(wildcards):
-    return THROUGHPUT["runs"][wildcards.throughput_run]["device"].startswith("cuda")
-
-
-def throughput_partition(wildcards):
-    """A CUDA run goes to its configured partition (default "gpu"; native_te: a Blackwell one); a CPU run anywhere."""
-    if not throughput_on_gpu(wildcards):
-        return ""
-    return THROUGHPUT["runs"][wildcards.throughput_run].get("partition", "gpu")
-
-
-def throughput_gres(wildcards):
-    return "gpu:1" if throughput_on_gpu(wildcards) else ""
-
-
-def throughput_env(wildcards):
-    return env_file("cuda" if throughput_on_gpu(wildcards) else "cpu")
+    return as_json(jobs.throughput_settings(PIPELINE, wildcards.throughput_run))

@@ -1,6 +1,6 @@
-# Emulator identification (gemm spec sections 3-4): probe corpora, oracle recordings (emulators here, hardware
-# oracles on GPU nodes), fits of the candidate grid with the paper's tables, backend parity, the tiny
-# grid-regression control, and their figures.
+# Emulator identification (paper section 6 and appendix B; gemm spec sections 3-4): probe corpora, oracle
+# recordings (emulators here, hardware oracles on GPU nodes), fits of the candidate grid with the paper's tables,
+# backend parity, the tiny grid-regression control (paper appendix C), and their figures.
 
 
 wildcard_constraints:
@@ -12,7 +12,7 @@ wildcard_constraints:
 rule identify_corpus:
     """A probe corpus for emulator identification (witnesses mined from the control run's checkpoint)."""
     input:
-        witness_inputs,
+        witness_final,
     output:
         corpus_path("{corpus}"),
     log:
@@ -20,11 +20,11 @@ rule identify_corpus:
     conda:
         "../envs/cpu.yaml"
     params:
-        source=source_hash("ue5m3.identify.probes"),
-        settings=corpus_settings,
-        witness=witness_args,
+        source=source_hash("ue5m3.identify.run"),
+        config=probes_config,
+        witness_run=witness_option,
     shell:
-        "ue5m3 make-probes --config {params.settings:q} {params.witness} --out {output} > {log} 2>&1"
+        "ue5m3 make-probes --config {params.config:q} {params.witness_run} --out {output} > {log} 2>&1"
 
 
 rule identify_record:
@@ -36,15 +36,15 @@ rule identify_record:
     log:
         log_path("identify", "record_{fit}.log"),
     conda:
-        fit_env
+        environment("fit")
     resources:
-        slurm_partition=fit_partition,
-        gres=fit_gres,
+        slurm_partition=partition("fit"),
+        gres=gres("fit"),
     params:
         source=source_hash("ue5m3.identify.oracles"),
-        oracle=fit_oracle,
+        config=oracle_config,
     shell:
-        "ue5m3 record-oracle --corpus {input} --oracle {params.oracle} --out {output} > {log} 2>&1"
+        "ue5m3 record-oracle --config {params.config:q} --corpus {input} --out {output} > {log} 2>&1"
 
 
 rule identify_fit:
@@ -63,11 +63,11 @@ rule identify_fit:
     conda:
         "../envs/cpu.yaml"
     params:
-        source=source_hash("ue5m3.identify.fit"),
-        candidates=candidate_args,
+        source=source_hash("ue5m3.identify.run"),
+        config=candidates_config,
         out_dir=subpath(output.summary, parent=True),
     shell:
-        "ue5m3 fit-emulator --corpus {input.corpus} --oracle recorded:{input.labels} {params.candidates} --out {params.out_dir} > {log} 2>&1"
+        "ue5m3 fit-emulator --config {params.config:q} --corpus {input.corpus} --labels {input.labels} --out {params.out_dir} > {log} 2>&1"
 
 
 rule identify_parity_config:
@@ -80,7 +80,7 @@ rule identify_parity_config:
         "../envs/cpu.yaml"
     params:
         source=source_hash("ue5m3.training.config"),
-        settings=parity_settings,
+        settings=parity_run_settings,
     shell:
         "ue5m3 train-config --config {params.settings:q} --out {output} > {log} 2>&1"
 
@@ -94,17 +94,15 @@ rule identify_parity:
     log:
         log_path("identify", "parity_{name}.log"),
     conda:
-        parity_env
+        environment("parity")
     resources:
-        slurm_partition=parity_partition,
-        gres=parity_gres,
+        slurm_partition=partition("parity"),
+        gres=gres("parity"),
     params:
         source=source_hash("ue5m3.identify.parity"),
-        a=parity_value("backend_a"),
-        b=parity_value("backend_b"),
-        steps=parity_value("steps"),
+        config=parity_config,
     shell:
-        "ue5m3 parity --config {input} --backend-a {params.a} --backend-b {params.b} --steps {params.steps} --out {output} > {log} 2>&1"
+        "ue5m3 parity --config {params.config:q} --run-config {input} --out {output} > {log} 2>&1"
 
 
 rule grid_control:
@@ -135,9 +133,7 @@ rule identification_figures:
         tables=[str(Path(d) / "tables.csv") for d in fit_dirs()],
         parity=parity_reports(),
     output:
-        figure=figure_path("emulator_identification.pdf"),
-        table=figure_path("emulator_identification_vs_paper.csv"),
-        parity=figure_path("parity.csv"),
+        **figure_outputs("identification_figures"),
     log:
         notebook=log_path("notebooks", "emulator_identification.ipynb"),
     conda:
@@ -153,8 +149,7 @@ rule grid_control_figures:
         curves=rules.grid_control.output.curves,
         summary=rules.grid_control.output.summary,
     output:
-        figure=figure_path("grid_regression_control.pdf"),
-        table=figure_path("grid_regression_control_vs_paper.csv"),
+        **figure_outputs("grid_control_figures"),
     log:
         notebook=log_path("notebooks", "grid_regression_control.ipynb"),
     conda:

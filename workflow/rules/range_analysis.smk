@@ -1,4 +1,5 @@
-# Dynamic range of the block-scale formats (paper section 1): tables from the CLI, figures from a notebook.
+# Dynamic range of the block-scale formats (paper sections 4.1 and 5.2): tables from the CLI, figures from a
+# notebook.
 
 
 rule range_analysis:
@@ -30,9 +31,7 @@ rule range_figures:
         worked_example=rules.range_analysis.output.worked_example,
         provenance=rules.range_analysis.output.provenance,
     output:
-        codebooks=figure_path("range_codebooks.pdf"),
-        headroom=figure_path("range_headroom.pdf"),
-        worked_example=figure_path("range_worked_example.pdf"),
+        **figure_outputs("range_figures"),
     log:
         notebook=log_path("notebooks", "range_analysis.ipynb"),
     conda:

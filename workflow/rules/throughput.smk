@@ -1,6 +1,6 @@
-# The throughput ablation (paper table 10; experiments spec section 6): model-body tokens/s of the BF16 body and
-# each recipe, one job per configured run (native TE on a Blackwell GPU, emulated on any device), and the figure
-# beside the paper's native numbers.
+# The native NVFP4 execution ablation (paper section 7.6 (table 10); experiments spec section 6): model-body
+# tokens/s of the BF16 body and each recipe, one job per configured run (native TE on a Blackwell GPU, emulated on
+# any device), and the figure beside the paper's native numbers.
 
 
 rule throughput:
@@ -13,11 +13,11 @@ rule throughput:
     wildcard_constraints:
         throughput_run=r"[A-Za-z0-9_]+",
     conda:
-        throughput_env
+        environment("throughput")
     threads: 1
     resources:
-        slurm_partition=throughput_partition,
-        gres=throughput_gres,
+        slurm_partition=partition("throughput"),
+        gres=gres("throughput"),
     params:
         source=source_hash("ue5m3.experiments.throughput"),
         settings=throughput_settings,
@@ -32,8 +32,7 @@ rule throughput_figures:
         tables=throughput_outputs("throughput.csv"),
         provenances=throughput_outputs("provenance.json"),
     output:
-        figure=figure_path("throughput_ablation.pdf"),
-        table=figure_path("throughput_vs_paper.csv"),
+        **figure_outputs("throughput_figures"),
     log:
         notebook=log_path("notebooks", "throughput.ipynb"),
     conda:

@@ -1,6 +1,6 @@
-# Pretraining (paper sections 5-6, experiments spec sections 1-3): data, one run per (recipe, seed), the
-# T = 2048 override control, summaries and the training figures. Training rules declare only final.json as
-# output; checkpoints live beside it, so a re-run after an interruption resumes from the newest one.
+# Pretraining (paper sections 7.1-7.3; experiments spec sections 1-3): data, one run per (recipe, seed), the
+# T = 2048 override control (paper section 5.2), summaries and the training figures. Training rules declare only
+# final.json as output; checkpoints live beside it, so a re-run after an interruption resumes from the newest one.
 
 
 wildcard_constraints:
@@ -11,14 +11,14 @@ wildcard_constraints:
 # A hub tokenizer (tokenizer_source: the paper's Nemotron-H tokenizer) fetched at its pinned commit into
 # data.tokenizer_path, its SHA-256 checked when pinned and recorded; a local rule, as compute nodes may lack internet.
 # A config without one fetches nothing.
-if config["tokenizer_source"] is not None:
+if PIPELINE.tokenizer_source is not None:
 
     localrules:
         fetch_tokenizer,
 
     rule fetch_tokenizer:
         output:
-            tokenizer=config["data"]["tokenizer_path"],
+            tokenizer=PIPELINE.data.tokenizer_path,
             record=tokenizer_record(),
         log:
             log_path("data", "fetch_tokenizer.log"),
@@ -98,16 +98,16 @@ rule train_run:
     wildcard_constraints:
         group="main",
     conda:
-        train_env
+        environment("train")
     threads: 1
     resources:
         # native_te runs (training.execution) on the Blackwell partition; they fail closed elsewhere
-        slurm_partition=train_partition,
+        slurm_partition=partition("train"),
     params:
         source=source_hash("ue5m3.training.loop"),
         launcher=launcher_command,
     shell:
-        "{params.launcher} train --config {input.config} --threads {threads} --restart-on-change > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {params.launcher} train --config {input.config} > {log} 2>&1"
 
 
 # The override control (the paper's 350M model) as a rule of its own, so that a profile sizes it apart from the
@@ -131,12 +131,11 @@ rule training_summary:
         "../envs/cpu.yaml"
     params:
         source=source_hash("ue5m3.experiments.training_summary"),
+        config=stage_config("training/summary"),
         runs=summary_runs,
-        window=TRAINING["final_window"],
-        smoothing=TRAINING["smoothing_steps"],
         out_dir=subpath(output.curves, parent=True),
     shell:
-        "ue5m3 summarize-training --runs {params.runs} --out-dir {params.out_dir} --final-window {params.window} --smoothing {params.smoothing} > {log} 2>&1"
+        "ue5m3 summarize-training --config {params.config:q} --runs {params.runs} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule training_figures:
@@ -151,11 +150,7 @@ rule training_figures:
         runs=finals(main_run_dirs()),
         control_runs=finals(control_run_dirs()),
     output:
-        loss=figure_path("training_loss.pdf"),
-        final_window=figure_path("training_final_window.pdf"),
-        stability=figure_path("training_stability.pdf"),
-        control=figure_path("control_override.pdf"),
-        table=figure_path("training_vs_paper.csv"),
+        **figure_outputs("training_figures"),
     log:
         notebook=log_path("notebooks", "training.ipynb"),
     conda:

@@ -43,9 +43,8 @@ def _throughput(args: argparse.Namespace) -> int:
 def _summarize_training(args: argparse.Namespace) -> int:
     from ue5m3.experiments import training_summary as summary
 
-    return argtypes.print_paths(
-        summary.run(args.runs, args.out_dir, window_points=args.final_window, smoothing=args.smoothing)
-    )
+    cfg = argtypes.load_stage_config(summary.SummaryConfig, args.config)
+    return argtypes.print_paths(summary.run(args.runs, args.out_dir, cfg))
 
 
 def _formats(args: argparse.Namespace) -> int:
@@ -101,10 +100,9 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         help="final-window means, stability counters and seed spread",
         description="Read the metrics of finished runs and write curves and summary tables.",
     )
+    argtypes.add_config_option(p, "ue5m3.experiments.training_summary.SummaryConfig")
     p.add_argument("--runs", nargs="+", required=True, help="run directories (each with final.json)")
     p.add_argument("--out-dir", required=True, help="directory for the tables")
-    p.add_argument("--final-window", type=int, default=10, help="logged points in the final window (paper: 10)")
-    p.add_argument("--smoothing", type=int, default=250, help="moving-mean window in optimizer steps (paper: 250)")
     verbs["summarize-training"] = _summarize_training
 
     p = sub.add_parser(
@@ -112,7 +110,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         help="a figure PDF as PNG, or a CSV table as HTML, for the Snakemake report",
         description=(
             "Render a figure PDF (its first page, as PNG) or a CSV table (as an HTML table) so that the report "
-            "page shows it inline; the rules of workflow/rules/report.smk call this."
+            "page shows it inline; the figure notebooks write these views themselves (ue5m3.plotting)."
         ),
     )
     p.add_argument(

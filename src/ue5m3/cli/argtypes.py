@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import TypeVar
 
+from ue5m3.evaluation.policies import InferencePolicy
+
 T = TypeVar("T")
 
 __all__ = [
-    "optional_count",
     "non_negative_int",
-    "none_or_int",
     "add_config_option",
     "load_stage_config",
     "POLICIES",
@@ -18,21 +18,8 @@ __all__ = [
     "print_paths",
 ]
 
-# The inference policies (ue5m3.evaluation.inference.InferencePolicy, spelled here so that building the parser
-# does not import torch; tests/test_cli.py holds the two together).
-POLICIES = ("bf16", "current_tensor", "cold_d50_replay", "calibrated_frozen")
-
-
-def optional_count(text: str) -> int | None:
-    if text.lower() in ("none", "null", "all"):
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}")
-    return value
+POLICIES = tuple(p.value for p in InferencePolicy)
+"""The inference policies (a torch-free enum: building the parser imports no torch)."""
 
 
 def non_negative_int(text: str) -> int:
@@ -43,25 +30,6 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def none_or_int(text: str) -> int | None:
-    if text.lower() in ("none", "null", "exact", "k"):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
 
 
 def add_config_option(parser: argparse.ArgumentParser, dataclass_name: str, *, required: bool = False) -> None:

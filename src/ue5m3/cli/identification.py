@@ -19,41 +19,30 @@ __all__ = ["add_verbs"]
 
 
 def _make_probes(args: argparse.Namespace) -> int:
-    from ue5m3.identify.probes import CorpusConfig
-    from ue5m3.identify.run import write_corpus
+    from ue5m3.identify.run import ProbesConfig, write_corpus
 
-    path = write_corpus(
-        argtypes.load_stage_config(CorpusConfig, args.config),
-        args.out,
-        witness_run=args.witness_run,
-        witness_module=args.witness_module,
-        witness_step=args.witness_step,
-        witness_sequences=args.witness_sequences,
-    )
-    print(f"corpus: {path}")
+    cfg = argtypes.load_stage_config(ProbesConfig, args.config)
+    print(f"corpus: {write_corpus(cfg, args.out, witness_run=args.witness_run)}")
     return 0
 
 
 def _record_oracle(args: argparse.Namespace) -> int:
     from ue5m3.identify import Corpus, make_oracle, record
+    from ue5m3.identify.oracles import OracleConfig
 
+    cfg = argtypes.load_stage_config(OracleConfig, args.config)
     corpus = Corpus.load(args.corpus)
-    print(f"recorded: {record(make_oracle(args.oracle, corpus_path=args.corpus), corpus, args.corpus, args.out)}")
+    print(f"recorded: {record(make_oracle(cfg.oracle, corpus_path=args.corpus), corpus, args.corpus, args.out)}")
     return 0
 
 
 def _fit_emulator(args: argparse.Namespace) -> int:
+    from ue5m3.identify.candidates import CandidateGrid
     from ue5m3.identify.run import fit_emulator
 
-    candidates = {
-        "slice_widths": args.slice_widths,
-        "partial_bits": args.partial_bits,
-        "roundings": args.roundings,
-        "promotions": args.promotions,
-        "final_grids": args.final_grids,
-        "extra": args.extra,
-    }
-    paths = fit_emulator(args.corpus, args.oracle, args.out, candidates=candidates)
+    candidates = argtypes.load_stage_config(CandidateGrid, args.config)
+    oracle = args.oracle if args.labels is None else f"recorded:{args.labels}"
+    paths = fit_emulator(args.corpus, oracle, args.out, candidates=candidates)
     summary = json.loads(paths["summary.json"].read_text())
     print(f"identified: {summary['identified'] or 'none'}; best: {summary['best']}")
     return argtypes.print_paths(paths)
@@ -63,8 +52,8 @@ def _parity(args: argparse.Namespace) -> int:
     from ue5m3.identify import parity
     from ue5m3.training.config import TrainConfig
 
-    cfg = TrainConfig.from_yaml(args.config)
-    report = parity.run(cfg, args.backend_a, args.backend_b, steps=args.steps, batch_size=args.batch_size)
+    settings = argtypes.load_stage_config(parity.ParityConfig, args.config)
+    report = parity.run(TrainConfig.from_yaml(args.run_config), settings)
     parity.write_report(report, args.out)
     print(f"bitwise equal: {report.bitwise_equal}; report: {args.out}")
     return 0
@@ -86,11 +75,12 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="Generate the probe families under one seed (CorpusConfig fields as JSON) and save them as one "
         "safetensors file with provenance; --witness-run mines witnesses from a linear of a trained run.",
     )
-    argtypes.add_config_option(p, "ue5m3.identify.probes.CorpusConfig")
-    p.add_argument("--witness-run", default=None, help="training run directory whose checkpoint gives the witnesses")
-    p.add_argument("--witness-module", default=None, help="name of the linear whose forward GEMM is mined")
-    p.add_argument("--witness-step", type=int, default=None, help="checkpoint step (default: the newest)")
-    p.add_argument("--witness-sequences", type=int, default=8, help="validation windows fed through the model")
+    argtypes.add_config_option(p, "ue5m3.identify.run.ProbesConfig: corpus and witness")
+    p.add_argument(
+        "--witness-run",
+        default=None,
+        help="training run directory whose checkpoint gives the witnesses (with the config's 'witness')",
+    )
     p.add_argument("--out", required=True, help="the corpus file to write (.safetensors)")
     verbs["make-probes"] = _make_probes
 
@@ -100,8 +90,8 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         description="Run an oracle (emulator:<candidate>, hopper_fp8[:fast], native_te_nvfp4) on every probe and save "
         "its FP32 outputs with the corpus SHA-256, for 'ue5m3 fit-emulator --oracle recorded:<file>' anywhere.",
     )
+    argtypes.add_config_option(p, "ue5m3.identify.oracles.OracleConfig: the oracle", required=True)
     p.add_argument("--corpus", required=True, help="a corpus from 'ue5m3 make-probes'")
-    p.add_argument("--oracle", required=True, help="oracle spec")
     p.add_argument("--out", required=True, help="the recording to write (.safetensors)")
     verbs["record-oracle"] = _record_oracle
 
@@ -113,16 +103,11 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "emulator:<candidate> (synthetic, hidden parameters), recorded:<file>, hopper_fp8[:fast] (H100/H200), "
         "native_te_nvfp4 (Blackwell + Transformer Engine).",
     )
+    argtypes.add_config_option(p, "ue5m3.identify.candidates.CandidateGrid: the candidates")
     p.add_argument("--corpus", required=True, help="a corpus from 'ue5m3 make-probes'")
-    p.add_argument("--oracle", required=True, help="oracle spec")
-    p.add_argument("--slice-widths", type=argtypes.none_or_int, nargs="+", default=[16, 32, 64, 128, 256])
-    p.add_argument(
-        "--partial-bits", type=argtypes.none_or_int, nargs="+", default=[None], help="'exact' or fused truncation bits"
-    )
-    p.add_argument("--roundings", nargs="+", default=["rne", "rtz"], choices=["rne", "rtz"])
-    p.add_argument("--promotions", type=argtypes.none_or_int, nargs="+", default=[None], help="'none' or K intervals")
-    p.add_argument("--final-grids", type=argtypes.none_or_int, nargs="+", default=[None, 256, 512, 1024, 2048, 4096])
-    p.add_argument("--extra", nargs="*", default=["w64-fused35-rtz"], help="further candidates by name")
+    oracle = p.add_mutually_exclusive_group(required=True)
+    oracle.add_argument("--oracle", help="oracle spec (emulator:<candidate>, hopper_fp8[:fast], native_te_nvfp4)")
+    oracle.add_argument("--labels", help="an oracle's outputs saved by 'ue5m3 record-oracle' (recorded:<file>)")
     p.add_argument("--out", required=True, help="output directory")
     verbs["fit-emulator"] = _fit_emulator
 
@@ -133,11 +118,8 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "(emulated[:<gemm model>[:torch]] or native_te); writes a JSON report: elements compared, bitwise-equal "
         "counts, relative L2, max abs and ULP differences of logits, loss, gradients, parameters and optimizer states.",
     )
-    p.add_argument("--config", required=True, help="a training config YAML (model, recipe, seed, data)")
-    p.add_argument("--backend-a", required=True, help="e.g. emulated:probe_matched")
-    p.add_argument("--backend-b", required=True, help="e.g. emulated:probe_matched:torch or native_te")
-    p.add_argument("--steps", type=int, default=3, help="AdamW steps after the first forward/backward")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: the config's)")
+    argtypes.add_config_option(p, "ue5m3.identify.parity.ParityConfig: backend_a and backend_b at least", required=True)
+    p.add_argument("--run-config", required=True, help="a training config YAML (model, recipe, seed, data)")
     p.add_argument("--out", required=True, help="the JSON report")
     verbs["parity"] = _parity
 

@@ -16,7 +16,7 @@ last training step, not the evaluation. The spec's post-load lifecycle, implemen
 
 Every converted module runs forward-only without stochastic rounding (``QuantLinear.set_inference``).
 :class:`InferenceScales` has the ``reference(role, module, tensor)`` signature that
-:class:`ue5m3.layers.linear.FP4Matmul` calls, so it replaces the training
+:class:`ue5m3.layers.linear.QuantLinear` calls, so it replaces the training
 :class:`ue5m3.numerics.scaling.ScaleState` without touching the GEMM code.
 """
 
@@ -27,7 +27,6 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ue5m3 import models
+from ue5m3.evaluation.policies import REPLAY_INTERVAL, InferencePolicy
 from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear, convert, find_quant_stats
 from ue5m3.numerics.checks import DeferredChecks
@@ -54,19 +54,6 @@ __all__ = [
     "default_device",
     "order_id",
 ]
-
-REPLAY_INTERVAL = 50
-"""D of the cold replay policy (the paper's training interval)."""
-
-
-class InferencePolicy(StrEnum):
-    """The activation-reference policy of a post-load evaluation (numerics spec section 4)."""
-
-    BF16 = "bf16"
-    CURRENT_TENSOR = "current_tensor"
-    COLD_D50_REPLAY = "cold_d50_replay"
-    CALIBRATED_FROZEN = "calibrated_frozen"
-
 
 def _coerce_policy(policy: object) -> InferencePolicy:
     try:

@@ -27,12 +27,14 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ue5m3 import config
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.evaluation.inference import InferenceModel, InferencePolicy, load_for_inference, order_id
 from ue5m3.logs import Progress
 from ue5m3.training.config import read_run_config
 
 __all__ = [
+    "NllConfig",
     "HEAD_CHUNK",
     "SequenceNLL",
     "sequence_nll",
@@ -49,6 +51,37 @@ HEAD_CHUNK = 256
 """Positions per FP32 head chunk (bounds logit memory at V = 131,072)."""
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NllConfig:
+    """Settings of ``ue5m3 evaluate-nll`` (the pipeline's ``evaluation.nll``); which checkpoint and policy a job
+    evaluates are its arguments.
+
+    Attributes:
+        replay_orders: evaluation orders of the order-dependent ``cold_d50_replay`` policy (order 0 is the set's
+            fixed order, the others seeded permutations); the stateless policies are evaluated once.
+        seed: seed of the extra orders and of the sequence bootstrap.
+        bootstrap_samples: sequence-bootstrap resamples of a stateless policy's 95% interval.
+        force_bf16: allow policy ``bf16`` on a quantized run (its weights evaluated unquantized).
+    """
+
+    replay_orders: int = 1
+    seed: int = 0
+    bootstrap_samples: int = 2000
+    force_bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.replay_orders < 1:
+            raise ValueError(f"replay_orders: at least 1 evaluation order, got {self.replay_orders!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed: a non-negative int, got {self.seed!r}")
+        if self.bootstrap_samples < 1:
+            raise ValueError(f"bootstrap_samples: at least 1 resample, got {self.bootstrap_samples!r}")
+
+    def orders_for(self, policy: InferencePolicy) -> int:
+        """How many orders ``policy`` is evaluated in (only the cold replay depends on the order)."""
+        return self.replay_orders if policy is InferencePolicy.COLD_D50_REPLAY else 1
 
 
 @dataclass(frozen=True)
@@ -240,12 +273,10 @@ def run_nll(
     *,
     policy: InferencePolicy | str,
     step: int | None = None,
-    orders: int = 1,
-    seed: int = 0,
-    bootstrap_samples: int = 2000,
+    cfg: NllConfig | None = None,
+    orders: int | None = None,
     validation: Any = None,
     calibration: Any = None,
-    force_bf16: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a checkpoint's validation NLL and write ``out`` (JSON) and ``<out stem>.sequences.csv``.
 
@@ -254,16 +285,18 @@ def run_nll(
         out: the JSON result to write (atomically; nothing is written if evaluation fails).
         policy: the inference policy.
         step: checkpoint step (default: newest).
-        orders: evaluation orders (``cold_d50_replay`` only may use more than one; order 0 is the fixed order).
-        seed: seed of the extra orders and of the bootstrap.
-        bootstrap_samples: bootstrap resamples (stateless policies).
+        cfg: the settings (:class:`NllConfig`; its defaults when None).
+        orders: evaluation orders, overriding :meth:`NllConfig.orders_for` (``cold_d50_replay`` only may use more
+            than one; order 0 is the fixed order).
         validation, calibration: EvalSets (default: opened from the run's data section).
-        force_bf16: allow policy ``bf16`` on a quantized run.
 
     Returns:
         The written JSON record.
     """
     policy = InferencePolicy(policy)
+    cfg = cfg if cfg is not None else NllConfig()
+    seed, bootstrap_samples, force_bf16 = cfg.seed, cfg.bootstrap_samples, cfg.force_bf16
+    orders = cfg.orders_for(policy) if orders is None else orders
     run_dir = Path(run_dir)
     if orders > 1 and policy is not InferencePolicy.COLD_D50_REPLAY:
         raise ValueError(f"policy {policy.value!r} is order-independent; use orders=1 (got {orders!r})")
@@ -286,7 +319,7 @@ def run_nll(
         raise RuntimeError(f"token accounting: evaluated {total} tokens, expected {expected}")
     record = provenance(
         "evaluate-nll",
-        {"run_dir": str(run_dir), "step": step, "policy": policy.value, "orders": orders, "seed": seed},
+        {"run_dir": str(run_dir), "step": step, "policy": policy.value, "orders": orders, **config.dump(cfg)},
         **identity,
         validation_sha256=validation.sha256(),
         sequences=len(validation),

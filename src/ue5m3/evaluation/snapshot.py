@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ue5m3 import models
+from ue5m3 import config, models
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.evaluation.inference import default_device, load_checkpoint_weights
 from ue5m3.layers.linear import layer_index
@@ -34,8 +34,8 @@ from ue5m3.training import checkpoint
 from ue5m3.training.config import read_run_config
 
 __all__ = [
+    "SnapshotConfig",
     "BLOCK",
-    "TARGETS",
     "Capture",
     "default_modules",
     "capture",
@@ -47,8 +47,26 @@ __all__ = [
 ]
 
 BLOCK = 16
-TARGETS = (448.0, 2048.0)
 BIN_WIDTH, BIN_LOW, BIN_HIGH = 0.125, -16.0, 8.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotConfig:
+    """Settings of ``ue5m3 scale-snapshot`` (the pipeline's ``evaluation.snapshot``).
+
+    Attributes:
+        modules: fnmatch patterns of the linears to hook; null: the down projections of the final four layers.
+        targets: tensor-scale targets T whose raw UE5M3 codes are counted (the paper: 448 and 2048).
+    """
+
+    modules: tuple[str, ...] | None = None
+    targets: tuple[float, ...] = (448.0, 2048.0)
+
+    def __post_init__(self) -> None:
+        if self.modules is not None and not self.modules:
+            raise ValueError("modules: null (the default modules) or at least one pattern, got []")
+        if not self.targets or any(not 0 < t < float("inf") for t in self.targets):
+            raise ValueError(f"targets: a non-empty list of positive numbers, got {list(self.targets)!r}")
 
 
 @dataclass(frozen=True)
@@ -198,9 +216,8 @@ def run_snapshot(
     out_dir: str | os.PathLike[str],
     *,
     step: int | None = None,
-    modules: Sequence[str] | None = None,
+    cfg: SnapshotConfig | None = None,
     window: torch.Tensor | None = None,
-    targets: Sequence[float] = TARGETS,
     device: torch.device | str | None = None,
 ) -> dict[str, Path]:
     """Snapshot a checkpoint: write counts.csv, histograms.csv and provenance.json under ``out_dir``.
@@ -209,15 +226,15 @@ def run_snapshot(
         run_dir: the training run directory.
         out_dir: output directory.
         step: checkpoint step (default: newest).
-        modules: fnmatch patterns of the linears to hook (default: the final four layers' down projections).
+        cfg: the hooked modules and the targets (:class:`SnapshotConfig`; its defaults when None).
         window: int64 [L + 1] tokens (default: the first window of the run's validation set).
-        targets: tensor-scale targets T.
         device: where the forward and backward run (default: CUDA if available, else CPU); the statistics are
             computed on the CPU from FP32 copies either way.
 
     Returns:
         name -> written path.
     """
+    settings = cfg if cfg is not None else SnapshotConfig()
     cfg = read_run_config(run_dir)
     state, manifest, path = load_checkpoint_weights(run_dir, step)
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
@@ -227,8 +244,8 @@ def run_snapshot(
         from ue5m3 import data
 
         window = data.open_data(cfg.require_data()).validation.windows[0]
-    names = _select(model, modules)
-    count_rows, hist_rows, excluded = _rows(capture(model, window, names), targets)
+    names = _select(model, settings.modules)
+    count_rows, hist_rows, excluded = _rows(capture(model, window, names), settings.targets)
     out_dir = Path(out_dir)
     paths = {name: out_dir / f"{name}.csv" for name in ("counts", "histograms")}
     paths["provenance"] = out_dir / "provenance.json"
@@ -236,7 +253,7 @@ def run_snapshot(
     write_csv(paths["histograms"], hist_rows, ["module", "quantity", "bin_low", "bin_high", "count"])
     record = provenance(
         "scale-snapshot",
-        {"run_dir": str(run_dir), "step": step, "modules": list(modules or []), "targets": list(targets)},
+        {"run_dir": str(run_dir), "step": step, **config.dump(settings)},
         checkpoint=str(path),
         checkpoint_sha256=checkpoint.weights_sha256(manifest),
         hooked_modules=names,

@@ -116,7 +116,7 @@ _LABEL = re.compile(r"[A-Za-z0-9_]+")
 class ThroughputConfig:
     """Configuration of ``ue5m3 throughput`` (defaults: the paper's protocol, native on one Blackwell GPU).
 
-    The pipeline builds one per entry of ``throughput.runs`` (:func:`ue5m3.workflow_config.throughput_settings`).
+    The pipeline builds one per entry of ``throughput.runs`` (:func:`ue5m3.pipeline.jobs.throughput_settings`).
 
     Attributes:
         run: this run's name in the tables and figures (the pipeline: its key in ``throughput.runs``).

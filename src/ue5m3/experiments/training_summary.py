@@ -11,13 +11,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from ue5m3 import config
 from ue5m3.artifacts import provenance, write_csv, write_json
 
-__all__ = ["load_runs", "smooth", "final_window", "by_recipe", "run"]
+__all__ = ["SummaryConfig", "load_runs", "smooth", "final_window", "by_recipe", "run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryConfig:
+    """Settings of ``ue5m3 summarize-training`` (the pipeline's ``training.summary``).
+
+    Attributes:
+        final_window: logged points whose mean loss is a run's final-window loss (the paper: the final 10 points,
+            logged every 25 steps: steps 29,775 to 30,000).
+        smoothing_steps: window of the moving mean of the loss (moving median of the gradient norm) in optimizer
+            steps, rescaled to each run's logging interval (the paper: 250).
+    """
+
+    final_window: int = 10
+    smoothing_steps: int = 250
+
+    def __post_init__(self) -> None:
+        for key in ("final_window", "smoothing_steps"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}: a positive int, got {getattr(self, key)!r}")
 
 
 def load_runs(run_dirs: Sequence[str | Path]) -> pd.DataFrame:
@@ -57,7 +79,7 @@ def smooth(df: pd.DataFrame, window_steps: int) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def final_window(df: pd.DataFrame, points: int = 10) -> pd.DataFrame:
+def final_window(df: pd.DataFrame, points: int) -> pd.DataFrame:
     """Per run: mean of the last ``points`` logged losses, endpoint loss and gradient norm, stability counts.
 
     Counts of losses above 3 and gradient norms above 1 include only steps after the first twelfth of the run
@@ -98,13 +120,12 @@ def by_recipe(windows: pd.DataFrame) -> pd.DataFrame:
     return table.fillna({"seed_std": 0.0})
 
 
-def run(
-    run_dirs: Sequence[str | Path], out_dir: str | Path, *, window_points: int = 10, smoothing: int = 250
-) -> dict[str, Path]:
+def run(run_dirs: Sequence[str | Path], out_dir: str | Path, cfg: SummaryConfig | None = None) -> dict[str, Path]:
     """Write curves.csv, final_window.csv, by_recipe.csv and provenance.json under ``out_dir``."""
+    cfg = cfg if cfg is not None else SummaryConfig()
     out = Path(out_dir)
-    metrics = smooth(load_runs(run_dirs), smoothing)
-    windows = final_window(metrics, window_points)
+    metrics = smooth(load_runs(run_dirs), cfg.smoothing_steps)
+    windows = final_window(metrics, cfg.final_window)
     summary = by_recipe(windows)
     paths = {"curves": out / "curves.csv", "final_window": out / "final_window.csv", "by_recipe": out / "by_recipe.csv"}
     columns = [
@@ -122,6 +143,6 @@ def run(
     write_csv(paths["final_window"], windows.to_dict("records"), list(windows.columns))
     write_csv(paths["by_recipe"], summary.to_dict("records"), list(summary.columns))
     paths["provenance"] = out / "provenance.json"
-    config = {"runs": [str(r) for r in run_dirs], "final_window": window_points, "smoothing": smoothing}
-    write_json(paths["provenance"], provenance("summarize-training", config))
+    settings = {"runs": [str(r) for r in run_dirs], **config.dump(cfg)}
+    write_json(paths["provenance"], provenance("summarize-training", settings))
     return paths

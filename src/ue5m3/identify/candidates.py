@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -46,7 +46,16 @@ from ue5m3.numerics.exact import add_rounded, check_grid, exact_sum, slice_parti
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.gemm import fused_step
 
-__all__ = ["Candidate", "parse", "candidate_grid", "accumulate_cells", "PROBE_MATCHED", "MMA_SIM", "BASELINES"]
+__all__ = [
+    "Candidate",
+    "CandidateGrid",
+    "parse",
+    "candidate_grid",
+    "accumulate_cells",
+    "PROBE_MATCHED",
+    "MMA_SIM",
+    "BASELINES",
+]
 
 MAX_PARTIAL_BITS = 47  # b + 1 bits per truncated term: 17 terms still sum exactly in FP64 (fused_step checks)
 BASELINES = ("decoded", "encoded_fp32")  # torch FP32 matmuls, evaluated on the whole GEMM (not candidates)
@@ -150,34 +159,73 @@ PROBE_MATCHED = parse("w64-exact-rtz-g1024")
 MMA_SIM = parse("w64-fused35-rtz")
 
 
-def candidate_grid(
-    *,
-    slice_widths: Sequence[int | None] = (16, 32, 64, 128, 256),
-    partial_bits: Sequence[int | None] = (None,),
-    roundings: Sequence[str] = ("rne", "rtz"),
-    promotions: Sequence[int | None] = (None,),
-    final_grids: Sequence[int | None] = (None, 256, 512, 1024, 2048, 4096),
-    extra: Iterable[str] = ("w64-fused35-rtz",),
-    exact_sum: bool = True,
-) -> list[Candidate]:
-    """The Cartesian product of the parameter lists (invalid combinations skipped), plus ``extra`` names and,
-    with ``exact_sum``, the one-slice exact sum under every final grid (the paper's "exact sum + snap")."""
-    out: dict[str, Candidate] = {}
-    for w, b, r, p, g in itertools.product(slice_widths, partial_bits, roundings, promotions, final_grids):
-        try:
-            candidate = Candidate(slice_width=w, partial_bits=b, rounding=Rounding(r), promotion=p, final_grid=g)
-        except ValueError:
-            continue  # e.g. a promotion interval not larger than the slice
-        out.setdefault(candidate.name, candidate)
-    for name in extra:
-        out.setdefault(parse(name).name, parse(name))
-    if exact_sum:
-        for g in final_grids:
-            out.setdefault(
-                Candidate(slice_width=None, rounding=Rounding.RNE, final_grid=g).name,
-                Candidate(slice_width=None, rounding=Rounding.RNE, final_grid=g),
-            )
-    return list(out.values())
+@dataclass(frozen=True, kw_only=True)
+class CandidateGrid:
+    """The candidate GEMM output models a fit searches (``ue5m3 fit-emulator --config``; the pipeline's
+    ``identification.candidates``, or a fit's own ``candidates``): the Cartesian product of the parameter lists
+    (invalid combinations skipped), plus ``extra`` names and, with ``exact_sum``, the one-slice exact sum under every
+    final grid (the paper's "exact sum + snap").
+
+    Attributes:
+        slice_widths: products per slice w (null: one slice over the whole of K).
+        partial_bits: how a slice meets the accumulator: null (its exact sum rounded once) or the bits b of a fused
+            truncated step.
+        roundings: FP32 roundings of the accumulator updates, ``rne`` and/or ``rtz``.
+        promotions: K intervals of an RNE promotion into an outer accumulator (null: never).
+        final_grids: lattice denominators d of the final snap (null: no snap).
+        extra: further candidates by name (:func:`parse`).
+        exact_sum: add the one-slice exact sum under every final grid.
+    """
+
+    slice_widths: tuple[int | None, ...] = (16, 32, 64, 128, 256)
+    partial_bits: tuple[int | None, ...] = (None,)
+    roundings: tuple[str, ...] = ("rne", "rtz")
+    promotions: tuple[int | None, ...] = (None,)
+    final_grids: tuple[int | None, ...] = (None, 256, 512, 1024, 2048, 4096)
+    extra: tuple[str, ...] = ("w64-fused35-rtz",)
+    exact_sum: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("slice_widths", "partial_bits", "roundings", "promotions", "final_grids"):
+            values = getattr(self, key)
+            if not values:
+                raise ValueError(f"{key}: at least one value (null where the parameter is off), got []")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{key}: repeated values in {list(values)!r}")
+        for key in ("slice_widths", "partial_bits", "promotions", "final_grids"):
+            bad = [v for v in getattr(self, key) if v is not None and v < 1]
+            if bad:
+                raise ValueError(f"{key}: positive ints or null, got {bad!r} in {list(getattr(self, key))!r}")
+        unknown = [r for r in self.roundings if r not in ("rne", "rtz")]
+        if unknown:
+            raise ValueError(f"roundings: unknown {unknown!r}; accepted: ['rne', 'rtz']")
+        for name in self.extra:
+            parse(name)  # a name that does not parse is refused here, naming it
+
+    def candidates(self) -> list[Candidate]:
+        """Every candidate of the grid, each once, in a fixed order."""
+        out: dict[str, Candidate] = {}
+        product = itertools.product(
+            self.slice_widths, self.partial_bits, self.roundings, self.promotions, self.final_grids
+        )
+        for w, b, r, p, g in product:
+            try:
+                candidate = Candidate(slice_width=w, partial_bits=b, rounding=Rounding(r), promotion=p, final_grid=g)
+            except ValueError:
+                continue  # e.g. a promotion interval not larger than the slice
+            out.setdefault(candidate.name, candidate)
+        for name in self.extra:
+            out.setdefault(parse(name).name, parse(name))
+        if self.exact_sum:
+            for g in self.final_grids:
+                exact = Candidate(slice_width=None, rounding=Rounding.RNE, final_grid=g)
+                out.setdefault(exact.name, exact)
+        return list(out.values())
+
+
+def candidate_grid(**fields: Sequence | bool) -> list[Candidate]:
+    """The candidates of ``CandidateGrid(**fields)`` (keyword arguments as its fields, defaults there)."""
+    return CandidateGrid(**{k: tuple(v) if isinstance(v, list | tuple) else v for k, v in fields.items()}).candidates()
 
 
 # ----- evaluation ----------------------------------------------------------------------------------------

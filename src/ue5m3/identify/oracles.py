@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +34,8 @@ from ue5m3.numerics.gemm import matmul
 from ue5m3.training.checkpoint import file_sha256
 
 __all__ = [
+    "OracleConfig",
+    "check_spec",
     "Oracle",
     "OracleUnavailable",
     "EmulatorOracle",
@@ -231,21 +234,55 @@ class NativeNVFP4Oracle:
         }
 
 
-def make_oracle(spec: str, *, corpus_path: str | os.PathLike[str] | None = None) -> Oracle:
-    """An oracle from its command-line spelling: ``emulator:<candidate>``, ``recorded:<file>``,
-    ``hopper_fp8``, ``hopper_fp8:fast`` or ``native_te_nvfp4``."""
+ORACLE_SPELLINGS = "emulator:<candidate>, recorded:<file>, hopper_fp8[:fast] or native_te_nvfp4"
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a malformed oracle spec (naming it and the accepted spellings) without touching any hardware: the
+    pipeline checks every fit's oracle before a job starts."""
+    if not isinstance(spec, str):
+        raise TypeError(f"an oracle spec is a string ({ORACLE_SPELLINGS}), got {type(spec).__name__} {spec!r}")
     kind, _, arg = spec.partition(":")
-    if kind == "emulator" and arg:
+    accepted = {
+        "emulator": bool(arg),
+        "recorded": bool(arg),
+        "hopper_fp8": arg in ("", "fast"),
+        "native_te_nvfp4": not arg,
+    }
+    if not accepted.get(kind, False):
+        raise ValueError(f"unknown oracle {spec!r}; use {ORACLE_SPELLINGS}")
+    if kind == "emulator":
+        parse(arg)  # an unknown candidate is refused, naming it
+
+
+@dataclass(frozen=True, kw_only=True)
+class OracleConfig:
+    """Settings of ``ue5m3 record-oracle``: which oracle computes the reference outputs.
+
+    Attributes:
+        oracle: ``emulator:<candidate>`` (a software model with hidden parameters), ``recorded:<file>``,
+            ``hopper_fp8[:fast]`` (H100/H200, ``torch._scaled_mm``) or ``native_te_nvfp4`` (Blackwell + Transformer
+            Engine).
+    """
+
+    oracle: str
+
+    def __post_init__(self) -> None:
+        check_spec(self.oracle)
+
+
+def make_oracle(spec: str, *, corpus_path: str | os.PathLike[str] | None = None) -> Oracle:
+    """An oracle from its spelling (:func:`check_spec`): ``emulator:<candidate>``, ``recorded:<file>``,
+    ``hopper_fp8``, ``hopper_fp8:fast`` or ``native_te_nvfp4``."""
+    check_spec(spec)
+    kind, _, arg = spec.partition(":")
+    if kind == "emulator":
         return EmulatorOracle(arg)
-    if kind == "recorded" and arg:
+    if kind == "recorded":
         return RecordedOracle(arg, corpus_path)
-    if kind == "hopper_fp8" and arg in ("", "fast"):
+    if kind == "hopper_fp8":
         return HopperFP8Oracle(fast_accum=arg == "fast")
-    if kind == "native_te_nvfp4" and not arg:
-        return NativeNVFP4Oracle()
-    raise ValueError(
-        f"unknown oracle {spec!r}; use emulator:<candidate>, recorded:<file>, hopper_fp8[:fast] or native_te_nvfp4"
-    )
+    return NativeNVFP4Oracle()
 
 
 def record(oracle: Oracle, corpus: Corpus, corpus_path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:

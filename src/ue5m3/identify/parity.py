@@ -40,7 +40,16 @@ from ue5m3.training.build import build_model, param_groups
 from ue5m3.training.config import TrainConfig
 from ue5m3.training.loop import loss_fn, train_step
 
-__all__ = ["Backend", "TensorComparison", "ParityReport", "ulp_distance", "compare_tensors", "run", "write_report"]
+__all__ = [
+    "ParityConfig",
+    "Backend",
+    "TensorComparison",
+    "ParityReport",
+    "ulp_distance",
+    "compare_tensors",
+    "run",
+    "write_report",
+]
 
 _BACKEND_RE = re.compile(r"native_te|emulated(?::(?P<model>\w+)(?P<torch>:torch)?)?")
 _STATE_KEYS = ("exp_avg", "exp_avg_sq", "step")
@@ -136,6 +145,35 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     wrapped = ((oa ^ ob) < 0) & ((diff ^ oa) < 0)  # int64 overflow, only possible for FP64
     limit = torch.iinfo(torch.int64)
     return torch.where(wrapped | (diff == limit.min), torch.full_like(diff, limit.max), diff.abs())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParityConfig:
+    """Settings of ``ue5m3 parity`` (an entry of the pipeline's ``identification.parity`` adds its run's model, recipe
+    and data).
+
+    Attributes:
+        backend_a: the backend under test (``native_te``, ``emulated`` or ``emulated:<gemm model>[:torch]``).
+        backend_b: the reference backend of the relative errors (same spellings).
+        steps: AdamW steps after the first forward and backward (also the length of the LR schedule).
+        batch_size: sequences per microbatch; null: the run config's ``micro_batch``.
+    """
+
+    backend_a: str
+    backend_b: str
+    steps: int = 3
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("backend_a", "backend_b"):
+            try:
+                Backend.parse(getattr(self, key))
+            except ValueError as err:
+                raise ValueError(f"{key}: {err}") from None
+        if self.steps < 1:
+            raise ValueError(f"steps: at least 1 AdamW step, got {self.steps!r}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size: a positive int or null, got {self.batch_size!r}")
 
 
 @dataclass(frozen=True)
@@ -337,31 +375,22 @@ def _compare_group(group: str, a: dict[str, torch.Tensor], b: dict[str, torch.Te
     return {name: compare_tensors(a[name], b[name]) for name in a}
 
 
-def run(
-    cfg: TrainConfig,
-    backend_a: str | Backend,
-    backend_b: str | Backend,
-    *,
-    steps: int,
-    batch_size: int | None = None,
-    device: str | torch.device | None = None,
-) -> ParityReport:
+def run(cfg: TrainConfig, parity: ParityConfig, *, device: str | torch.device | None = None) -> ParityReport:
     """Train ``cfg``'s model under both backends from the same weights, batches and random stream; compare.
 
     Args:
         cfg: the run (model, recipe, seed, optimizer, accumulation); sequence length from ``cfg.data``.
-        backend_a, backend_b: backend specs; B is the reference of the relative errors.
-        steps: AdamW steps after the first forward and backward (also the length of the LR schedule).
-        batch_size: sequences per microbatch (default ``cfg.micro_batch``).
+        parity: the two backends (B is the reference of the relative errors), the steps and the batch size.
         device: where both run (default: CUDA if a backend is native_te, else the CPU, the emulator's device).
 
     Raises:
         ValueError: a bad backend spec, or one that does not fit the recipe.
         NativeUnavailable: a native_te backend without Transformer Engine on a Blackwell GPU.
     """
-    a, b = Backend.parse(backend_a), Backend.parse(backend_b)
+    a, b = Backend.parse(parity.backend_a), Backend.parse(parity.backend_b)
     recipe_a, recipe_b = a.recipe(cfg), b.recipe(cfg)  # both validated before either runs
-    cfg = dataclasses.replace(cfg, steps=steps, micro_batch=cfg.micro_batch if batch_size is None else batch_size)
+    batch = cfg.micro_batch if parity.batch_size is None else parity.batch_size
+    cfg = dataclasses.replace(cfg, steps=parity.steps, micro_batch=batch)
     native = Execution.NATIVE_TE in (a.execution, b.execution)
     device = torch.device(device or ("cuda" if native else "cpu"))
     seq = cfg.data.sequence_length if cfg.data is not None else DataConfig.sequence_length

@@ -191,15 +191,15 @@ class CorpusConfig:
             get_scheme(self.scheme)  # raises for an unknown scheme, naming it
         for key in ("order_k", "threshold_k", "broad_k"):
             if getattr(self, key) <= 0 or getattr(self, key) % 256:
-                raise ValueError(f"corpus config: {key} must be a positive multiple of 256, got {getattr(self, key)!r}")
+                raise ValueError(f"{key}: must be a positive multiple of 256, got {getattr(self, key)!r}")
         for key in ("order_permutations", "threshold_cells", "broad_m", "broad_n", "broad_cells", "witness_cells"):
             if getattr(self, key) < 1:
-                raise ValueError(f"corpus config: {key} must be positive, got {getattr(self, key)!r}")
+                raise ValueError(f"{key}: must be positive, got {getattr(self, key)!r}")
         if self.broad_cells > self.broad_m * self.broad_n:
-            raise ValueError("corpus config: broad_cells exceeds broad_m * broad_n")
+            raise ValueError("broad_cells: exceeds broad_m * broad_n")
         if not 0 < self.witness_tolerance <= 0.5:
             raise ValueError(
-                f"corpus config: witness_tolerance must be in (0, 0.5] ulps, got {self.witness_tolerance!r}"
+                f"witness_tolerance: must be in (0, 0.5] ulps, got {self.witness_tolerance!r}"
             )
 
 

@@ -7,43 +7,74 @@ Each step reads and writes files atomically with provenance; ``ue5m3 make-probes
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ue5m3 import config
 from ue5m3.artifacts import provenance, write_csv, write_json
-from ue5m3.identify.candidates import candidate_grid, parse
+from ue5m3.identify.candidates import CandidateGrid, parse
 from ue5m3.identify.corpus import Corpus, make_corpus
 from ue5m3.identify.fit import fit
 from ue5m3.identify.oracles import make_oracle
 from ue5m3.identify.probes import CorpusConfig
 from ue5m3.training.checkpoint import file_sha256
 
-__all__ = ["CANDIDATE_KEYS", "write_corpus", "fit_emulator"]
+__all__ = ["WitnessConfig", "ProbesConfig", "write_corpus", "fit_emulator"]
 
-CANDIDATE_KEYS = ("slice_widths", "partial_bits", "roundings", "promotions", "final_grids", "extra")
+
+@dataclass(frozen=True, kw_only=True)
+class WitnessConfig:
+    """Which GEMM of a trained run the witness probes are mined from (the run itself is ``--witness-run``).
+
+    Attributes:
+        module: the linear whose forward GEMM is mined (e.g. the last MLP down projection).
+        sequences: validation windows fed through the model to capture its operands.
+        step: checkpoint step; null: the newest.
+    """
+
+    module: str
+    sequences: int = 8
+    step: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.module:
+            raise ValueError("module: the name of a linear of the witness run's model, got ''")
+        if self.sequences < 1:
+            raise ValueError(f"sequences: a positive int, got {self.sequences!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbesConfig:
+    """Settings of ``ue5m3 make-probes``: the corpus and, when a witness run is given, its witness GEMM.
+
+    Attributes:
+        corpus: sizes and seed of the probe families (the pipeline's ``identification.corpora.<name>``).
+        witness: the witness GEMM (the pipeline's ``identification.witness``); null: no witness probes.
+    """
+
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    witness: WitnessConfig | None = None
 
 
 def write_corpus(
-    cfg: CorpusConfig,
-    out: str | os.PathLike[str],
-    *,
-    witness_run: str | os.PathLike[str] | None = None,
-    witness_module: str | None = None,
-    witness_step: int | None = None,
-    witness_sequences: int = 8,
+    cfg: ProbesConfig, out: str | os.PathLike[str], *, witness_run: str | os.PathLike[str] | None = None
 ) -> Path:
-    """Make every probe family (witnesses from ``witness_module`` of a run's checkpoint when given) and save."""
+    """Make every probe family (witnesses from ``cfg.witness`` of a run's checkpoint when ``witness_run`` is given)
+    and save the corpus to ``out``."""
     witness, info = None, None
+    if (witness_run is None) != (cfg.witness is None):
+        raise ValueError(
+            "a witness run and the witness settings come together: give both --witness-run and the config's "
+            f"'witness' (got witness_run={witness_run!r}, witness={cfg.witness!r})"
+        )
     if witness_run is not None:
-        if not witness_module:
-            raise ValueError("a witness run needs the name of the linear whose GEMM to mine (witness_module)")
         from ue5m3.identify.capture import capture_linear  # noqa: PLC0415
 
-        *witness, info = capture_linear(witness_run, witness_module, step=witness_step, sequences=witness_sequences)
-    record = provenance("make-probes", asdict(cfg), witness_source=info)
-    corpus = make_corpus(cfg, witness_gemm=tuple(witness) if witness else None, provenance=record)
+        w = cfg.witness
+        *witness, info = capture_linear(witness_run, w.module, step=w.step, sequences=w.sequences)
+    record = provenance("make-probes", asdict(cfg.corpus), witness_source=info)
+    corpus = make_corpus(cfg.corpus, witness_gemm=tuple(witness) if witness else None, provenance=record)
     return corpus.save(out)
 
 
@@ -61,7 +92,7 @@ def fit_emulator(
     oracle_spec: str,
     out_dir: str | os.PathLike[str],
     *,
-    candidates: Mapping[str, Sequence[Any]] | None = None,
+    candidates: CandidateGrid | None = None,
     progress: bool = True,
 ) -> dict[str, Path]:
     """Fit the candidate grid against an oracle on a saved corpus; write matches.csv, tables.csv, summary.json.
@@ -70,14 +101,12 @@ def fit_emulator(
         corpus_path: a corpus written by :func:`write_corpus`.
         oracle_spec: see :func:`.oracles.make_oracle` (``emulator:<candidate>``, ``recorded:<file>``, ...).
         out_dir: directory for the three files.
-        candidates: keyword arguments of :func:`.candidates.candidate_grid` (keys :data:`CANDIDATE_KEYS`).
+        candidates: the candidate grid (its defaults when None).
     """
-    unknown = set(candidates or {}) - set(CANDIDATE_KEYS)
-    if unknown:
-        raise ValueError(f"unknown candidate-grid keys {sorted(unknown)}; known: {list(CANDIDATE_KEYS)}")
+    candidates = candidates if candidates is not None else CandidateGrid()
     corpus = Corpus.load(corpus_path)
     oracle = make_oracle(oracle_spec, corpus_path=corpus_path)
-    grid = candidate_grid(**dict(candidates or {}))
+    grid = candidates.candidates()
     table = fit(corpus, oracle, grid, progress=progress)
     out_dir = Path(out_dir)
     paths = {name: out_dir / name for name in ("matches.csv", "tables.csv", "summary.json")}
@@ -102,7 +131,7 @@ def fit_emulator(
         "top": [{"candidate": name, "passed": table.score(name), "total": table.cells} for name in ranking],
         "hidden": hidden,
         "recovered": None if hidden is None else _recovered(hidden, identified, corpus),
-        "provenance": provenance("fit-emulator", {"oracle": oracle_spec, "candidates": dict(candidates or {})}),
+        "provenance": provenance("fit-emulator", {"oracle": oracle_spec, "candidates": config.dump(candidates)}),
     }
     write_json(paths["summary.json"], summary)
     return paths

@@ -129,6 +129,9 @@ class TrainConfig:
             sharding of ``te.Linear`` is not wired). One process uses neither.
         backend: who computes the emulated quantizations and GEMMs (:class:`ue5m3.numerics.backend.Backend`);
             every backend gives the same bits, so it changes speed, never results.
+        restart_on_change: when the run directory holds another run's checkpoints (its settings changed), move it
+            aside to ``<run_dir>.superseded-<fingerprint>`` and start afresh (the pipeline's choice); otherwise such a
+            run is refused, naming what differs. Not part of the run's identity.
     """
 
     run_dir: str
@@ -151,6 +154,7 @@ class TrainConfig:
     execution: Execution = Execution.EMULATED
     data_parallel: str = "auto"
     backend: Backend = Backend.AUTO
+    restart_on_change: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "execution", Execution(self.execution))

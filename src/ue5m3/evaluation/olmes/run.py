@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ue5m3 import config
 from ue5m3.evaluation.olmes.aggregate import aggregate
 from ue5m3.evaluation.olmes.hub import HUB_MANIFEST, HUB_TASKS, check_hub_access, run_hub_suite
 from ue5m3.evaluation.olmes.tasks import (
@@ -30,7 +32,42 @@ from ue5m3.evaluation.olmes.tasks import (
     mmlu_subjects,
 )
 
-__all__ = ["BUILD_RECORD", "run_suite", "build_tasks", "evaluate_run"]
+__all__ = ["DownstreamConfig", "BUILD_RECORD", "run_suite", "build_tasks", "evaluate_run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DownstreamConfig:
+    """Settings of ``ue5m3 evaluate-downstream`` (the pipeline's ``evaluation.downstream``).
+
+    Attributes:
+        tasks: Core 9 task folders (``arc_easy``, ..., ``csqa``, ``socialiqa``), ``mmlu`` (every subject),
+            ``mmlu_<subject>``, or the hub task ``mmlu_pro_mc`` (lm-eval's ``leaderboard_mmlu_pro``).
+        examples: examples per task subsampled into the shared task dir; null: every example.
+        seed: seed of that subsample (the paper's OLMES subsample seed).
+        limit: lm-eval's per-task limit on top of the subsample (tests); null: none.
+        batch_size: requests per forward, the inference policy's work unit (the paper: 8).
+        max_length: most tokens per row; null: the run's training sequence length (longer inputs are
+            left-truncated).
+        force_bf16: allow policy ``bf16`` on a quantized run.
+    """
+
+    tasks: tuple[str, ...]
+    examples: int | None = None
+    seed: int = SUBSAMPLE_SEED
+    limit: int | None = None
+    batch_size: int = 8
+    max_length: int | None = None
+    force_bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("tasks: at least one task, got []")
+        for key in ("examples", "limit", "max_length"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key}: a positive int or null, got {value!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: a positive int, got {self.batch_size!r}")
 
 
 def run_suite(
@@ -167,14 +204,8 @@ def evaluate_run(
     *,
     policy: str,
     task_dir: str | os.PathLike[str],
-    tasks: Sequence[str],
+    cfg: DownstreamConfig,
     step: int | None = None,
-    n: int | None = None,
-    seed: int = SUBSAMPLE_SEED,
-    limit: int | None = None,
-    batch_size: int = 8,
-    max_length: int | None = None,
-    force_bf16: bool = False,
 ) -> dict[str, Any]:
     """Score one checkpoint on the offline suites (and any hub task) and write the JSON result atomically.
 
@@ -184,15 +215,10 @@ def evaluate_run(
         out: the JSON result to write.
         policy: the inference policy (``ue5m3.evaluation.inference.InferencePolicy`` value).
         task_dir: where the lm-eval tasks are (built by :func:`build_tasks` if missing).
-        tasks: ``arc_easy`` ..., ``mmlu``, ``mmlu_<subject>`` or the hub task ``mmlu_pro_mc`` (lm-eval's
-            ``leaderboard_mmlu_pro``; checked with :func:`check_hub_access` before anything else, run after the
-            offline suites in a separate lm-eval call).
+        cfg: the tasks and settings (:class:`DownstreamConfig`). A hub task is checked with
+            :func:`check_hub_access` before anything else and run after the offline suites in a separate lm-eval
+            call; the subsample is not applied to it.
         step: checkpoint step (default: the newest).
-        n, seed: the per-task subsample of the task dir (not applied to hub tasks).
-        limit: lm-eval's per-task limit on top of the subsample (tests).
-        batch_size: requests per ``forward_unit`` call (the policy's work unit).
-        max_length: most tokens per row (default: the run's training sequence length; longer inputs are
-            left-truncated).
 
     Returns:
         The record written: ``scores`` (task -> formulation -> primary score; ``mmlu_pro_mc`` -> ``{"mc": acc}``),
@@ -209,16 +235,17 @@ def evaluate_run(
     from ue5m3.evaluation.lm_eval import UE5M3LM
     from ue5m3.training.config import read_run_config
 
+    tasks, limit = cfg.tasks, cfg.limit
     _, _, hub = _task_sets(tasks)
     hub_revisions = check_hub_access(hub) if hub else {}
-    names = build_tasks(task_dir, tasks, n=n, seed=seed)
-    cfg = read_run_config(run_dir)
-    data = cfg.require_data()
+    names = build_tasks(task_dir, tasks, n=cfg.examples, seed=cfg.seed)
+    run = read_run_config(run_dir)
+    data = run.require_data()
     tokenizer = open_tokenizer(data)
-    length = int(max_length) if max_length is not None else int(data.sequence_length)
+    length = int(cfg.max_length) if cfg.max_length is not None else int(data.sequence_length)
     check_continuation_lengths(task_dir, names, tokenizer.encode, length, limit)
-    loaded = load_for_inference(run_dir, step, policy=policy, force_bf16=force_bf16)
-    lm = UE5M3LM(loaded, tokenizer, batch_size=batch_size, max_length=length)
+    loaded = load_for_inference(run_dir, step, policy=policy, force_bf16=cfg.force_bf16)
+    lm = UE5M3LM(loaded, tokenizer, batch_size=cfg.batch_size, max_length=length)
     if names:
         suite = run_suite(lm, task_dir, names, limit=limit, log_samples=False)
         manifest = json.loads((Path(task_dir) / MANIFEST).read_text())
@@ -243,22 +270,17 @@ def evaluate_run(
         counts.update(hub_suite["n_samples"])
     core = {t: v["best"] for t, v in aggregates["core9"].items() if t != "_macro"}
     aggregates["core9_evaluated"] = {"tasks": sorted(core), "macro": sum(core.values()) / len(core) if core else None}
-    config = {
+    settings = {
         "run_dir": str(run_dir),
         "step": step,
         "policy": str(policy),
         "task_dir": str(task_dir),
-        "tasks": list(tasks),
-        "n": n,
-        "seed": seed,
-        "limit": limit,
-        "batch_size": batch_size,
+        **config.dump(cfg),
         "max_length": length,
-        "force_bf16": force_bf16,
     }
     record = provenance(
         "evaluate-downstream",
-        config,
+        settings,
         **loaded.identity,
         tokenizer=str(data_paths(data).tokenizer),
         lm_eval_tasks=names + hub_names,

@@ -1,5 +1,5 @@
-"""The pipeline config checked as a whole before any job starts: every bad input gets one clear error naming the
-key path (the reliability table in docs/reliability.md lists these cases)."""
+"""The pipeline config loaded and checked as a whole before any job starts (ue5m3.pipeline.check): every bad input
+gets one clear error naming the key path (the reliability table in docs/reliability.md lists these cases)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from snakemake.utils import update_config
 
-from ue5m3 import config, workflow_config
+from ue5m3 import config, pipeline
+from ue5m3.pipeline import jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ def _paper() -> dict:
 
 @pytest.mark.parametrize("make", [_default, _paper], ids=["default", "paper"])
 def test_the_shipped_configs_pass(make):
-    workflow_config.check(make(), source="shipped")
+    pipeline.load(make(), source="shipped")
 
 
 def test_the_paper_config_pins_the_tokenizer_and_every_hub_file():
@@ -65,7 +66,7 @@ BAD = {
     "misspelled corpus in fits": ("identification.fits.synthetic_probe_matched.corpus", "nvpf4", "unknown corpus"),
     "misspelled sensitivity recipe": ("evaluation.sensitivity_recipe", "ue5m3_b61", "evaluation.sensitivity_recipe"),
     "misspelled downstream recipe": ("evaluation.downstream_recipes", ["bf61"], "evaluation.downstream_recipes[0]"),
-    "unknown policy": ("evaluation.policies.bf16", "frozen", "evaluation.policies.bf16: unknown policy"),
+    "unknown policy": ("evaluation.policies.bf16", "frozen", "evaluation.policies.bf16: unknown value 'frozen'"),
     "step not kept": ("evaluation.steps", [25, 30], "evaluation.steps[1]: step 30 is not a checkpoint"),
     "override beyond depth": (
         "control.override",
@@ -107,45 +108,52 @@ def test_a_bad_value_is_refused_naming_its_key_path(case):
     cfg = _default()
     _set(cfg, dotted, copy.deepcopy(value))
     with pytest.raises(config.ConfigError) as err:
-        workflow_config.check(cfg, source="config/config.yaml")
+        pipeline.load(cfg, source="config/config.yaml")
     message = str(err.value)
     assert message.startswith("config/config.yaml: ") and "nothing was started" in message
     assert expected in message, message
 
 
 def test_every_problem_is_reported_at_once():
+    """All sections' structural problems together; once every section loads, all cross-reference problems."""
     cfg = _default()
     cfg["training"]["seeds"] = [-1]
+    cfg["identification"]["corpora"]["nvfp4"]["broad_k"] = 100
+    with pytest.raises(config.ConfigError, match=r"2 problem\(s\)") as err:
+        pipeline.load(cfg)
+    assert "training.seeds[0]" in str(err.value) and "identification.corpora.nvfp4" in str(err.value)
+    cfg = _default()
     cfg["evaluation"]["sensitivity_recipe"] = "nope"
+    cfg["evaluation"]["steps"] = [25, 30]
     with pytest.raises(config.ConfigError, match=r"2 problem\(s\)"):
-        workflow_config.check(cfg)
+        pipeline.load(cfg)
 
 
 def test_a_packaged_recipe_left_out_of_training_is_a_subset_not_an_error():
     cfg = _default()
     cfg["training"]["recipes"] = ["bf16", "ue5m3_b16"]  # nvfp4_te stays in downstream_recipes: skipped by the rules
-    workflow_config.check(cfg)
+    pipeline.load(cfg)
 
 
 def test_duplicate_keys_in_a_config_file_are_refused_naming_the_file(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("training:\n  steps: 10\n  steps: 20\n")
     with pytest.raises(config.ConfigError, match=r"(?s)config.yaml.*duplicate key 'steps'"):
-        workflow_config.check_files([path])
+        pipeline.check_files([path])
 
 
 def test_kept_checkpoints_follow_the_trainers_pruning_rule():
-    assert workflow_config.kept_checkpoints(150, 25, 25, 2) == {25, 50, 75, 100, 125, 150}
-    assert workflow_config.kept_checkpoints(150, 50, 0, 2) == {100, 150}
-    assert workflow_config.kept_checkpoints(10, 4, 0, 1) == {10}
+    assert jobs.kept_checkpoints(150, 25, 25, 2) == {25, 50, 75, 100, 125, 150}
+    assert jobs.kept_checkpoints(150, 50, 0, 2) == {100, 150}
+    assert jobs.kept_checkpoints(10, 4, 0, 1) == {10}
 
 
 def test_the_paper_runs_the_two_nvidia_baselines_natively_and_the_rest_emulated():
-    cfg = _paper()
-    executions = {r: workflow_config.run_settings(cfg, "main", r, 42)["execution"] for r in cfg["training"]["recipes"]}
+    cfg = pipeline.load(_paper())
+    executions = {r: jobs.run_settings(cfg, "main", r, 42)["execution"] for r in cfg.training.recipes}
     assert {r for r, e in executions.items() if e == "native_te"} == {"nvfp4_te", "nvfp4_no_rht_all_linears"}
-    assert workflow_config.run_settings(cfg, "control", "t448", 42)["execution"] == "emulated"
-    assert workflow_config.run_settings(_default(), "main", "nvfp4_te", 1)["execution"] == "emulated"
+    assert jobs.run_settings(cfg, "control", "t448", 42)["execution"] == "emulated"
+    assert jobs.run_settings(pipeline.load(_default()), "main", "nvfp4_te", 1)["execution"] == "emulated"
 
 
 def test_the_override_control_and_the_parity_run_name_their_models_final_layers():
@@ -156,15 +164,15 @@ def test_the_override_control_and_the_parity_run_name_their_models_final_layers(
     def resolved(settings):
         return TrainConfig.from_dict(settings).resolved_recipe()
 
-    cpu, paper = _default(), _paper()
-    assert resolved(workflow_config.run_settings(cpu, "control", "override", 1)).target_overrides[0].layers == (2, 3)
-    control = resolved(workflow_config.run_settings(paper, "control", "override", 42))
+    cpu, paper = pipeline.load(_default()), pipeline.load(_paper())
+    assert resolved(jobs.run_settings(cpu, "control", "override", 1)).target_overrides[0].layers == (2, 3)
+    control = resolved(jobs.run_settings(paper, "control", "override", 42))
     assert control.target_overrides[0].layers == (12, 13, 14, 15)  # the paper's 350M control
-    assert resolved(workflow_config.run_settings(paper, "control", "t448", 42)).target_overrides == ()
-    parity = resolved(workflow_config.parity_settings(paper, "native_vs_emulator_1p2b"))
+    assert resolved(jobs.run_settings(paper, "control", "t448", 42)).target_overrides == ()
+    parity = resolved(jobs.parity_settings(paper, "native_vs_emulator_1p2b"))
     assert parity.bf16_layers == (16, 17, 18, 19)  # 96 FP4 + 24 BF16 linears of the 1.2B model
     assert parity.roles[OperandRole.UPSTREAM_GRADIENT].rounding is Rounding.RNE  # SR off
-    main = resolved(workflow_config.run_settings(paper, "main", "nvfp4_te", 42))
+    main = resolved(jobs.run_settings(paper, "main", "nvfp4_te", 42))
     assert main.bf16_layers == tuple(range(44, 52))
 
 
@@ -172,7 +180,7 @@ def test_an_hf_uri_without_a_pinned_commit_is_refused():
     cfg = _paper()
     cfg["data"]["stream_b_files"] = [*cfg["data"]["stream_b_files"], "hf://datasets/allenai/olmo-mix-1124/data/x/*.gz"]
     with pytest.raises(config.ConfigError, match=r"data\.stream_b_files\[6\]: .* names no commit"):
-        workflow_config.check(cfg)
+        pipeline.load(cfg)
 
 
 def test_the_paper_pins_its_hub_files():
@@ -195,7 +203,7 @@ def test_a_bad_tokenizer_source_is_refused(change, expected):
     cfg = _paper()
     cfg["tokenizer_source"] = {**cfg["tokenizer_source"], **change}
     with pytest.raises(config.ConfigError) as err:
-        workflow_config.check(cfg)
+        pipeline.load(cfg)
     assert expected in str(err.value)
 
 
@@ -203,4 +211,4 @@ def test_a_tokenizer_source_needs_a_tokenizer_path():
     cfg = _default()
     cfg["tokenizer_source"] = {"repo": "a/b", "revision": None, "file": "tokenizer.json", "sha256": None}
     with pytest.raises(config.ConfigError, match="data.tokenizer_path: tokenizer_source is set"):
-        workflow_config.check(cfg)
+        pipeline.load(cfg)

@@ -1,0 +1,144 @@
+"""What the rules start: each job's settings built from the typed pipeline config, as the verbs load them.
+
+A rule passes its verb one ``--config`` (JSON of the job's stage config, built here), the paths it reads and
+writes, and the wildcards that say which job it is; nothing else. :func:`run_settings` builds a training run's
+:class:`~ue5m3.training.config.TrainConfig` fields, :func:`parity_settings` a parity run's, :func:`throughput_settings`
+a throughput run's and :func:`job_config` any other stage's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ue5m3 import config
+from ue5m3.pipeline.sections import RUN_KEYS, PipelineConfig
+
+__all__ = [
+    "CONTROL_VARIANTS",
+    "GROUPS",
+    "run_dir",
+    "run_settings",
+    "run_execution",
+    "parity_settings",
+    "throughput_settings",
+    "job_config",
+    "kept_checkpoints",
+    "launcher",
+    "LAUNCHER_FIELDS",
+]
+
+CONTROL_VARIANTS = ("t448", "override")
+"""The two runs of the override control: the recipe as it is, and with the T = 2048 target override."""
+GROUPS = ("main", "control")
+
+
+def run_dir(cfg: PipelineConfig, group: str, variant: str, seed: int | str) -> str:
+    """results/train/{group}/{variant}/seed{seed}: checkpoints, metrics and final.json of one run."""
+    return os.path.join(cfg.results_dir, "train", group, variant, f"seed{seed}")
+
+
+def _control_overrides(cfg: PipelineConfig, variant: str) -> dict[str, Any]:
+    if variant == "t448":
+        return {}
+    control = cfg.control
+    return {
+        "name": f"{control.recipe}_t{int(control.override['target'])}_override",
+        "target_overrides": [control.override],
+    }
+
+
+def run_execution(cfg: PipelineConfig, group: str, variant: str) -> str:
+    """``emulated`` or ``native_te``: the main runs take it from ``training.execution`` (per recipe), the control's
+    are emulated."""
+    if group != "main":
+        return "emulated"
+    return str(cfg.training.execution.get(variant, "emulated"))
+
+
+def run_settings(cfg: PipelineConfig, group: str, variant: str, seed: int | str) -> dict[str, Any]:
+    """The settings of one training run (``ue5m3 train-config`` validates and writes them)."""
+    main = group == "main"
+    section = cfg.training if main else cfg.control
+    return {
+        "execution": run_execution(cfg, group, variant),
+        "run_dir": run_dir(cfg, group, variant, seed),
+        "model": section.model,
+        "model_overrides": dict(section.model_overrides),
+        "recipe": variant if main else cfg.control.recipe,
+        "recipe_overrides": {} if main else _control_overrides(cfg, variant),
+        "seed": int(seed),
+        "data": config.dump(cfg.data),
+        "restart_on_change": True,  # a run directory of changed settings is moved aside, never mixed
+        **{key: config.dump(getattr(section, key)) for key in RUN_KEYS},
+    }
+
+
+def parity_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
+    """The training settings of one parity comparison's run."""
+    entry = cfg.identification.parity[name]
+    return {
+        "run_dir": os.path.join(cfg.results_dir, "identify", "parity", "runs", name),
+        "model": entry.model,
+        "model_overrides": dict(entry.model_overrides),
+        "recipe": entry.recipe,
+        "recipe_overrides": config.dump(entry.recipe_overrides),
+        "seed": 0,
+        "data": {**config.dump(cfg.data), "sequence_length": entry.sequence_length},
+        "steps": entry.steps,
+        "micro_batch": entry.batch_size or 1,
+        "accumulation": 1,
+        "log_every": 1,
+        "checkpoint_every": entry.steps,
+        "keep_every": 0,
+        "optim": config.dump(cfg.training.optim),
+    }
+
+
+def throughput_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
+    """The settings of one throughput run (``ue5m3 throughput`` loads them with its strict loader): the section's
+    shared settings and the run's own (``partition`` is the cluster's business and stays out)."""
+    section, entry = cfg.throughput, cfg.throughput.runs[name]
+    shared = {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name != "runs"}
+    own = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry) if f.name != "partition"}
+    return config.dump({"run": name, **shared, **own})
+
+
+def job_config(section: Any, cls: type, **job: Any) -> dict[str, Any]:
+    """The ``--config`` of a stage verb: the fields of ``cls`` that ``section`` (a typed section, or a mapping) holds,
+    plus the job's own values; what neither names takes the default of ``cls``."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    if isinstance(section, Mapping):
+        picked = {k: v for k, v in section.items() if k in names}
+    else:
+        picked = {k: getattr(section, k) for k in names if hasattr(section, k)}
+    return config.dump({**picked, **job})
+
+
+def kept_checkpoints(steps: int, checkpoint_every: int, keep_every: int, keep: int) -> set[int]:
+    """The checkpoint steps a finished run still holds (the trainer's pruning rule)."""
+    written = sorted({*range(checkpoint_every, steps + 1, checkpoint_every), steps})
+    protected = set(range(keep_every, steps + 1, keep_every)) if keep_every else set()
+    return set(written[-keep:]) | (protected & set(written))
+
+
+LAUNCHER_FIELDS = ("nodes", "tasks", "procs_per_node")
+
+
+def launcher(template: str, resources: Mapping[str, Any]) -> str:
+    """A training job's launch command from the config's ``launcher`` template and the job's resources.
+
+    ``{nodes}`` is the ``nodes`` resource (1 without one), ``{tasks}`` the ``tasks`` resource (one per node without
+    one) and ``{procs_per_node}`` the GPUs per node of a ``gres: gpu:N`` request, else the ``procs_per_node``
+    resource, else 1. Both come from what the job asked for, so the command is the same inside SLURM (whose jobstep
+    plugin strips ``SLURM_*`` variables) and outside it.
+    """
+    nodes = int(resources.get("nodes") or 1)
+    procs = resources.get("procs_per_node")
+    gres = str(resources.get("gres") or "")
+    if gres.startswith("gpu:"):
+        procs = int(gres.rsplit(":", 1)[-1])
+    tasks = int(resources.get("tasks") or nodes)
+    return template.format(nodes=nodes, tasks=tasks, procs_per_node=int(procs or 1))
