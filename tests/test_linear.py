@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from recipe_helpers import for_8b
-from ue5m3.layers import linear, recipes
-from ue5m3.layers.linear import FP4Matmul, QuantLinear, convert, find_scale_state
+from ue5m3.layers import linear, matmul, recipes, telemetry
+from ue5m3.layers.linear import FP4Matmul, QuantLinear, convert, find_quant_stats, find_scale_state
 from ue5m3.layers.recipes import GemmModel, Operand
 from ue5m3.numerics import philox
 from ue5m3.numerics.philox import SRState
@@ -32,47 +32,30 @@ def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, 
 
 
 def _record_quantizer_calls(monkeypatch):
-    """Every operand quantization of the layer, single (quantize_operand) or one of a pair (quantize_operand_pair:
-    both axes of X or dY from one read), in call order."""
+    """Every operand quantization of the layer, in call order: each result of the one entry point
+    (matmul.quantize_operands: one tensor, one operand or the two copies of X or dY from one read)."""
     calls = []
-    original, original_pair = linear.quantize_operand, linear.quantize_operand_pair
+    original = matmul.quantize_operands
 
-    def record(spec, q, reference, stream, index, shape):
-        calls.append(
-            {
-                "operand": spec.operand,
-                "rounding": q.rounding.value,
-                "target": q.scheme.target,
-                "two_d": q.layout.two_d,
-                "reference": reference,
-                "stream": stream,
-                "index": index,
-                "shape": shape,
-                "q": q,
-            }
-        )
+    def recording(tensor, *operands, **kwargs):
+        results = original(tensor, *operands, **kwargs)
+        for operand, q in zip(operands, results, strict=True):
+            calls.append(
+                {
+                    "operand": operand.spec.operand,
+                    "rounding": q.rounding.value,
+                    "target": q.scheme.target,
+                    "two_d": q.layout.two_d,
+                    "reference": operand.reference,
+                    "stream": operand.stream,
+                    "index": operand.index,
+                    "shape": tuple(q.shape),
+                    "q": q,
+                }
+            )
+        return results
 
-    def recording(tensor, spec, scheme, **kwargs):
-        q = original(tensor, spec, scheme, **kwargs)
-        record(spec, q, kwargs["reference"], kwargs.get("stream"), kwargs.get("index"), tuple(tensor.shape))
-        return q
-
-    def recording_pair(tensor, scheme, last, first, **kwargs):
-        pair = original_pair(tensor, scheme, last, first, **kwargs)
-        shape = tuple(tensor.shape)
-        record(last.spec, pair[0], last.reference, last.stream, last.index, shape)
-        record(
-            first.spec,
-            pair[1],
-            first.reference,
-            first.stream,
-            first.index,
-            shape[::-1] if kwargs["transposed"] else shape,
-        )
-        return pair
-
-    monkeypatch.setattr(linear, "quantize_operand", recording)
-    monkeypatch.setattr(linear, "quantize_operand_pair", recording_pair)
+    monkeypatch.setattr(matmul, "quantize_operands", recording)
     return calls
 
 
@@ -134,9 +117,9 @@ def test_target_override_reaches_only_the_wgrad_dy_of_the_named_modules(monkeypa
 
 def test_gemms_are_routed_with_the_operand_shapes_of_the_spec(monkeypatch):
     shapes = []
-    original = linear.run_gemm
+    original = matmul.run_gemm
     monkeypatch.setattr(
-        linear,
+        matmul,
         "run_gemm",
         lambda a, b, cfg, **kw: shapes.append((tuple(a.shape), tuple(b.shape))) or original(a, b, cfg, **kw),
     )
@@ -271,8 +254,6 @@ def test_every_quantized_recipe_trains_a_step_with_finite_gradients(name):
 
 
 def test_quant_stats_count_zero_rounded_and_saturated_blocks_across_the_model():
-    from ue5m3.layers.linear import find_quant_stats
-
     layer, _ = _layer()  # UE5M3 B16, D = 50: references are held between refreshes
     stats, state = find_quant_stats(layer), find_scale_state(layer)
     state.begin_step(1)
@@ -286,6 +267,37 @@ def test_quant_stats_count_zero_rounded_and_saturated_blocks_across_the_model():
     with torch.no_grad():
         layer(torch.full((64, 64), 1e6))
     assert stats.pop()["saturated_blocks"] == 64 * 64 // 16
+
+
+def test_diagnostics_stay_per_layer_and_per_operand_slot_on_the_device():
+    layer, _ = _layer()
+    find_scale_state(layer).begin_step(1)
+    with torch.no_grad():
+        layer(torch.randn(64, 64))
+    counts = layer.telemetry.counts  # int64 [6 operand slots, 4 counts], in Operand order
+    assert counts.dtype == torch.int64 and counts.shape == (len(Operand), len(telemetry.COUNTS))
+    column = telemetry.COUNTS.index("quantized_blocks")
+    fprop = {Operand.FPROP_ACTIVATION: 64 * 64 // 16, Operand.FPROP_WEIGHT: 64 * 128 // 256}
+    assert counts[:, column].tolist() == [fprop.get(slot, 0) for slot in Operand]  # a forward writes fprop rows only
+    counts.zero_()
+    # a training step: every GEMM counts its two operands, the wgrad copy of X in the backward pass
+    layer(torch.randn(64, 64, requires_grad=True)).sum().backward()
+    assert all(n > 0 for n in counts[:, column].tolist())
+
+
+def test_a_models_deferred_checks_raise_in_the_order_they_were_made_across_its_layers():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+    convert(model, recipes.get("ue5m3_b16"), select=["0", "2"])
+    find_scale_state(model).begin_step(1)
+    dy = torch.randn(64, 64)
+    dy[0, 0] = float("inf")
+    model(torch.randn(64, 64)).backward(dy)  # the backward pass meets the bad dY in the last layer first
+    stats = find_quant_stats(model)
+    assert len(stats.checks) > 0 and all(len(m.telemetry.checks) > 0 for m in (model[0], model[2]))
+    with pytest.raises(ValueError, match=r"^non-finite amax for role 'upstream_gradient', module '2' .*more\)$"):
+        stats.pop()
+    assert len(stats.checks) == 0  # read and cleared for every layer
 
 
 def _sr_layer(sr: SRState):
@@ -423,7 +435,7 @@ def _saved_for_backward(layer, x):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = FP4Matmul.apply(x, layer.weight, layer.policy, layer.scale_state, layer.stats, True, None, None)
+        y = FP4Matmul.apply(x, layer.weight, layer.resolve_call(x))
     return y, saved
 
 

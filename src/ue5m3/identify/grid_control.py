@@ -41,7 +41,7 @@ from torch import nn
 from ue5m3 import logs
 from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.layers import recipes
-from ue5m3.layers.linear import QuantLinear, convert
+from ue5m3.layers.linear import QuantLinear, convert, find_quant_stats
 from ue5m3.layers.recipes import Recipe
 from ue5m3.numerics.exact import is_grid
 from ue5m3.numerics.formats import Rounding
@@ -233,6 +233,7 @@ def run_one(cfg: GridControlConfig, seed: int, grid: int | None, rounding: str) 
         quant = [m for m in model.modules() if isinstance(m, QuantLinear)]
         state = quant[0].scale_state if quant else None
         sr = quant[0].sr_state if quant else None
+        stats = find_quant_stats(model)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         losses, norms = [], []
         for step, idx in enumerate(data["batches"], start=1):
@@ -243,8 +244,8 @@ def run_one(cfg: GridControlConfig, seed: int, grid: int | None, rounding: str) 
             opt.zero_grad(set_to_none=True)
             loss = F.mse_loss(model(data["x_train"][idx]), data["y_train"][idx])
             loss.backward()
-            if quant:  # the step's one read of the quantizers' deferred finiteness checks
-                quant[0].stats.checks.raise_if_any()
+            if stats is not None:  # the step's one read of the quantizers' deferred finiteness checks
+                stats.checks.raise_if_any()
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
             opt.step()
             losses.append(loss.item())
