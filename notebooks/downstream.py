@@ -45,7 +45,7 @@ from ue5m3.experiments import comparisons
 from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
 # %% tags=["parameters"]
-downstream_jsons: list = []  # filled by Snakemake (results/eval/downstream/<recipe>/seed<s>/step<n>/<policy>.json)
+downstream_jsons = "results/eval/downstream/*/seed*/step*/*.json"  # a glob: every downstream result
 figure_pdf = "figures/downstream.pdf"
 table_csv = "figures/downstream_vs_paper.csv"
 # The paper's evaluation (experiments spec section 5), in the captions' terms.

@@ -49,9 +49,9 @@ from ue5m3.experiments import comparisons
 from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
 # %% tags=["parameters"]
-summary_jsons: list = []  # filled by Snakemake (results/identify/fits/<fit>/summary.json)
-table_csvs: list = []  # results/identify/fits/<fit>/tables.csv, same order
-parity_jsons: list = []  # results/identify/parity/<name>.json
+summary_jsons = "results/identify/fits/*/summary.json"  # a glob: every fit
+table_csvs = "results/identify/fits/*/tables.csv"  # the same fits, in the same (sorted) order
+parity_jsons = "results/identify/parity/*.json"  # every parity comparison
 figure_pdf = "figures/emulator_identification.pdf"
 table_csv = "figures/emulator_identification_vs_paper.csv"
 parity_csv = "figures/parity.csv"

@@ -70,9 +70,9 @@ from ue5m3.plotting import (
 )
 
 # %% tags=["parameters"]
-nll_jsons: list = []  # filled by Snakemake (results/eval/nll/<recipe>/seed<s>/step<n>/<policy>.json)
-snapshot_counts: list = []  # results/eval/snapshot/<recipe>/seed<s>/counts.csv
-snapshot_histograms: list = []  # the same directories' histograms.csv
+nll_jsons = "results/eval/nll/*/seed*/step*/*.json"  # a glob: every validation-NLL result
+snapshot_counts = "results/eval/snapshot/*/seed*/counts.csv"  # every snapshot
+snapshot_histograms = "results/eval/snapshot/*/seed*/histograms.csv"  # the same snapshots, same order
 nll_pdf = "figures/validation_nll.pdf"
 vs_bf16_pdf = "figures/validation_vs_bf16.pdf"
 sensitivity_pdf = "figures/policy_sensitivity.pdf"

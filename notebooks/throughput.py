@@ -56,8 +56,8 @@ from ue5m3.plotting import (
 )
 
 # %% tags=["parameters"]
-tables = ["results/throughput/emulated/throughput.csv"]
-provenances = ["results/throughput/emulated/provenance.json"]
+tables = "results/throughput/*/throughput.csv"  # a glob: every throughput run
+provenances = "results/throughput/*/provenance.json"  # the same runs, same order
 figure_pdf = "figures/throughput_ablation.pdf"
 table_csv = "figures/throughput_vs_paper.csv"
 # Bar colour per recipe (the paper's bars: the same colours, hatched).

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ue5m3.pipeline import registry
+from ue5m3 import stages
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLER = Path(__file__).with_name("install_browser.sh")
@@ -127,7 +127,7 @@ def test_the_report_lists_every_figure_and_table_in_its_category_and_renders_eac
         _until(lambda: browser.find_element("tag name", "body").text, lambda text: "Results" in text)
         browser.execute_script("app.showCategory(arguments[0])", category)
         # each item listed by its title (the registry's), not by its file path
-        titles = [registry.figure(Path(n).stem).title for n, (_, c) in by_name.items() if c == category]
+        titles = [stages.figure(Path(n).stem).title for n, (_, c) in by_name.items() if c == category]
         listed_all = lambda text, titles=titles: all(t in text for t in titles)  # noqa: E731
         text = _until(lambda: browser.find_element("tag name", "body").text, listed_all)
         missing = [t for t in titles if t not in text]

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
 import pandas as pd
 import pytest
 
-from ue5m3 import plotting, reference
+from ue5m3 import reference
 from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
 from ue5m3.experiments.agreement import AGREEMENT_COLUMNS
@@ -614,77 +613,3 @@ def test_parity_table_without_reports_still_has_its_columns(tmp_path):
     table = comparisons.parity_table([])
     assert table.empty
     assert _csv(tmp_path, table) == ",".join(comparisons.PARITY_COLUMNS) + "\n"
-
-
-# --- notebook_setup --------------------------------------------------------------------------------------
-
-
-class _Files(list):
-    """Stands in for Snakemake's Namedlist: a list of paths with some of them (or sublists) named."""
-
-    def __init__(self, **named):
-        super().__init__()
-        for name, value in named.items():
-            self.extend(value if isinstance(value, list) else [value])
-            setattr(self, name, value)
-
-
-class _Snakemake:
-    def __init__(self, input: _Files, output: _Files):
-        self.input, self.output = input, output
-
-
-def _parameters() -> dict:
-    return {"curves_csv": "results/curves.csv", "runs": [], "figure_pdf": "figures/f.pdf", "other": "left alone"}
-
-
-def test_notebook_setup_under_snakemake_binds_inputs_and_outputs_and_applies_the_style():
-    matplotlib.rcdefaults()
-    smk = _Snakemake(
-        _Files(curves="r/curves.csv", runs=["r/a.json", "r/b.json"]), _Files(figure="fig.pdf", table="t.csv")
-    )
-    namespace = {**_parameters(), "snakemake": smk}
-    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
-    assert namespace["curves_csv"] == "r/curves.csv"
-    assert namespace["runs"] == ["r/a.json", "r/b.json"] and type(namespace["runs"]) is list
-    assert namespace["figure_pdf"] == "fig.pdf"
-    assert namespace["other"] == "left alone"
-    assert matplotlib.rcParams["pdf.fonttype"] == 42
-    assert matplotlib.rcParams["svg.hashsalt"] == plotting.STYLE["svg.hashsalt"]
-
-
-def test_notebook_setup_binds_the_whole_input_to_a_bare_section():
-    smk = _Snakemake(_Files(a="x.json", b="y.json"), _Files())
-    namespace = {"jsons": [], "snakemake": smk}
-    plotting.notebook_setup(namespace, jsons="input")
-    assert namespace["jsons"] == ["x.json", "y.json"]
-
-
-def test_notebook_setup_by_hand_resolves_the_defaults_from_the_repository_root(tmp_path, monkeypatch):
-    (tmp_path / "Snakefile").write_text("")
-    (tmp_path / "notebooks").mkdir()
-    monkeypatch.chdir(tmp_path / "notebooks")
-    namespace = {**_parameters(), "runs": ["results/a.json", tmp_path / "abs.json"]}
-    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
-    assert namespace["curves_csv"] == tmp_path / "results" / "curves.csv"
-    assert namespace["runs"] == [tmp_path / "results" / "a.json", tmp_path / "abs.json"]
-    assert namespace["figure_pdf"] == tmp_path / "figures" / "f.pdf"
-    assert namespace["other"] == "left alone"
-
-
-@pytest.mark.parametrize(
-    ("sources", "error", "match"),
-    [
-        ({"missing_csv": "input.missing"}, KeyError, "missing_csv"),
-        ({"curves_csv": "inputs.curves"}, ValueError, "inputs.curves"),
-        ({"curves_csv": "log"}, ValueError, "log"),
-        ({"curves_csv": "params.x"}, ValueError, "params.x"),
-    ],
-    ids=["undefined parameter", "misspelt section", "log", "params"],
-)
-def test_notebook_setup_rejects_bad_sources_before_binding_anything(sources, error, match):
-    smk = _Snakemake(_Files(curves="r/curves.csv"), _Files(figure="fig.pdf"))
-    namespace = {**_parameters(), "snakemake": smk}
-    with pytest.raises(error, match=match):
-        plotting.notebook_setup(namespace, figure_pdf="output.figure", **sources)
-    assert namespace["figure_pdf"] == "figures/f.pdf"

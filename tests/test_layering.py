@@ -3,8 +3,8 @@
 Floors, bottom to top (a unit may import only units on lower floors, and itself):
 
 0. ``config``: the strict config loader (imports nothing of the package);
-1. ``artifacts``, ``reference``, ``logs``: atomic outputs, provenance, the paper's numbers, the log format and
-   progress;
+1. ``artifacts``, ``reference``, ``logs``, ``stages``: atomic outputs, provenance, the paper's numbers, the log
+   format and progress, the registry of stages and figures;
 2. ``numerics``: formats, quantizers, Hadamard, scale lifecycle, GEMM models, exact arithmetic, kernels; ``report``:
    the report views of figures and tables;
 3. ``layers``, ``models``, ``data``: FP4 layers and recipes; plain models; corpora and loaders (mutually
@@ -30,7 +30,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ue5m3"
 
 FLOORS: list[set[str]] = [
     {"config"},
-    {"artifacts", "reference", "logs"},
+    {"artifacts", "reference", "logs", "stages"},
     {"numerics", "report"},
     {"layers", "models", "data"},
     {"training"},

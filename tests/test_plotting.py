@@ -178,7 +178,9 @@ class _Outputs(dict):
         return self[name]
 
 
-class _Snakemake:
+class _ViewJob:
+    """A notebook job whose outputs are named, as Snakemake's are (``items()``)."""
+
     def __init__(self, **outputs):
         self.input = _Outputs()
         self.output = _Outputs(outputs)
@@ -188,7 +190,7 @@ def test_a_rule_declaring_views_gets_them_written_beside_its_figure_and_table(tm
     figure, table = tmp_path / "figures" / "f.pdf", tmp_path / "figures" / "t.csv"
     views = tmp_path / "report"
     namespace = {
-        "snakemake": _Snakemake(f=str(figure), f_view=str(views / "f.png"), t=str(table), t_view=str(views / "t.html")),
+        "snakemake": _ViewJob(f=str(figure), f_view=str(views / "f.png"), t=str(table), t_view=str(views / "t.html")),
         "figure_pdf": "unused",
     }
     plotting.notebook_setup(namespace, figure_pdf="output.f")
@@ -208,3 +210,111 @@ def test_by_hand_a_figure_is_saved_without_a_view(tmp_path):
     plotting.save_figure(fig, namespace["figure_pdf"])
     plt.close(fig)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf"]
+
+
+# --- notebook_setup --------------------------------------------------------------------------------------
+
+
+class _Files(list):
+    """Stands in for Snakemake's Namedlist: a list of paths with some of them (or sublists) named."""
+
+    def __init__(self, **named):
+        super().__init__()
+        for name, value in named.items():
+            self.extend(value if isinstance(value, list) else [value])
+            setattr(self, name, value)
+
+
+class _Snakemake:
+    def __init__(self, input: _Files, output: _Files):
+        self.input, self.output = input, output
+
+
+def _parameters() -> dict:
+    return {"curves_csv": "results/curves.csv", "runs": [], "figure_pdf": "figures/f.pdf", "other": "left alone"}
+
+
+def test_notebook_setup_under_snakemake_binds_inputs_and_outputs_and_applies_the_style():
+    matplotlib.rcdefaults()
+    smk = _Snakemake(
+        _Files(curves="r/curves.csv", runs=["r/a.json", "r/b.json"]), _Files(figure="fig.pdf", table="t.csv")
+    )
+    namespace = {**_parameters(), "snakemake": smk}
+    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+    assert namespace["curves_csv"] == "r/curves.csv"
+    assert namespace["runs"] == ["r/a.json", "r/b.json"] and type(namespace["runs"]) is list
+    assert namespace["figure_pdf"] == "fig.pdf"
+    assert namespace["other"] == "left alone"
+    assert matplotlib.rcParams["pdf.fonttype"] == 42
+    assert matplotlib.rcParams["svg.hashsalt"] == plotting.STYLE["svg.hashsalt"]
+
+
+def test_notebook_setup_binds_the_whole_input_to_a_bare_section():
+    smk = _Snakemake(_Files(a="x.json", b="y.json"), _Files())
+    namespace = {"jsons": [], "snakemake": smk}
+    plotting.notebook_setup(namespace, jsons="input")
+    assert namespace["jsons"] == ["x.json", "y.json"]
+
+
+def _repository(tmp_path, *files):
+    (tmp_path / "Snakefile").write_text("")
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "notebooks").mkdir()
+
+
+def test_notebook_setup_by_hand_resolves_the_defaults_from_the_repository_root(tmp_path, monkeypatch, capsys):
+    _repository(tmp_path, "results/curves.csv", "results/a.json")
+    monkeypatch.chdir(tmp_path / "notebooks")
+    namespace = {**_parameters(), "runs": ["results/a.json", tmp_path / "results" / "a.json"]}
+    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+    assert namespace["curves_csv"] == tmp_path / "results" / "curves.csv"
+    assert namespace["runs"] == [tmp_path / "results" / "a.json"] * 2
+    assert namespace["figure_pdf"] == tmp_path / "figures" / "f.pdf"
+    assert namespace["other"] == "left alone"
+    assert "curves_csv: results/curves.csv" in capsys.readouterr().out  # the first cell says what it read
+
+
+def test_notebook_setup_by_hand_expands_a_pattern_into_the_sorted_files_it_matches(tmp_path, monkeypatch):
+    _repository(
+        tmp_path, "results/curves.csv", "results/train/main/b/seed1/final.json", "results/train/main/a/seed2/final.json"
+    )
+    monkeypatch.chdir(tmp_path)
+    namespace = {**_parameters(), "runs": "results/train/main/*/seed*/final.json"}
+    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+    main = tmp_path / "results" / "train" / "main"
+    assert namespace["runs"] == [main / "a" / "seed2" / "final.json", main / "b" / "seed1" / "final.json"]
+
+
+def test_notebook_setup_by_hand_names_the_rule_that_makes_a_missing_input(tmp_path, monkeypatch):
+    _repository(tmp_path, "results/curves.csv")
+    monkeypatch.chdir(tmp_path)
+    namespace = {**_parameters(), "runs": "results/train/main/*/seed*/final.json"}
+    with pytest.raises(FileNotFoundError, match=r"(?s)'runs'.*rule train_run.*snakemake --cores 2 figures/f.pdf"):
+        plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+
+
+def test_notebook_setup_under_snakemake_binds_a_pattern_parameter_to_the_rules_list():
+    smk = _Snakemake(_Files(curves="r/curves.csv", runs=["r/a.json"]), _Files(figure="fig.pdf"))
+    namespace = {**_parameters(), "runs": "results/*.json", "snakemake": smk}
+    plotting.notebook_setup(namespace, curves_csv="input.curves", runs="input.runs", figure_pdf="output.figure")
+    assert namespace["runs"] == ["r/a.json"]
+
+
+@pytest.mark.parametrize(
+    ("sources", "error", "match"),
+    [
+        ({"missing_csv": "input.missing"}, KeyError, "missing_csv"),
+        ({"curves_csv": "inputs.curves"}, ValueError, "inputs.curves"),
+        ({"curves_csv": "log"}, ValueError, "log"),
+        ({"curves_csv": "params.x"}, ValueError, "params.x"),
+    ],
+    ids=["undefined parameter", "misspelt section", "log", "params"],
+)
+def test_notebook_setup_rejects_bad_sources_before_binding_anything(sources, error, match):
+    smk = _Snakemake(_Files(curves="r/curves.csv"), _Files(figure="fig.pdf"))
+    namespace = {**_parameters(), "snakemake": smk}
+    with pytest.raises(error, match=match):
+        plotting.notebook_setup(namespace, figure_pdf="output.figure", **sources)
+    assert namespace["figure_pdf"] == "figures/f.pdf"

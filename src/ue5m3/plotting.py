@@ -12,7 +12,7 @@ side is drawn (the paper in grey/black hollow markers, ours in colour) so every 
 Every notebook starts with :func:`notebook_setup`: it applies the style and binds the notebook's path
 parameters to the Snakemake rule's inputs and outputs, or resolves their defaults from the repository root
 when the notebook runs by hand. Under Snakemake, a rule's output ``<key>_view`` is the report view of its output
-``<key>`` (:mod:`ue5m3.pipeline.registry`): :func:`save_figure` and :func:`save_table` write the view beside the
+``<key>`` (:mod:`ue5m3.stages`): :func:`save_figure` and :func:`save_table` write the view beside the
 figure or table (:mod:`ue5m3.report`), in the same job, so a figure rebuilt alone can be reported at once.
 
 Every figure carries a caption (:func:`add_caption`) with the settings it was made with, read from the results'
@@ -22,6 +22,7 @@ or at the paper's.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import textwrap
@@ -121,8 +122,29 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"save_figure needs a file suffix to choose the format, got {str(path)!r}; use e.g. .pdf")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=fmt, metadata=_STABLE_METADATA.get(fmt))
-    _write_view(path)
+    _write_view(path, figure_labels(fig))
     return path
+
+
+def figure_labels(fig: Figure) -> dict[str, Any]:
+    """What a reader sees named in a figure: each axes' title, x and y labels and legend entries, and the
+    figure's suptitle (what a caption must agree with)."""
+    axes = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        axes.append(
+            {
+                "title": ax.get_title(),
+                "xlabel": ax.get_xlabel(),
+                "ylabel": ax.get_ylabel(),
+                "xscale": ax.get_xscale(),
+                "yscale": ax.get_yscale(),
+                "legend": [t.get_text() for t in legend.get_texts()] if legend is not None else [],
+            }
+        )
+    suptitle = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+    legends = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    return {"suptitle": suptitle, "figure_legend": legends, "axes": axes}
 
 
 def save_table(path: str | os.PathLike[str], rows: Any, fieldnames: list[str]) -> Path:
@@ -144,10 +166,16 @@ _VIEWS: dict[Path, Path] = {}
 """Figure or table -> its report view, bound by :func:`notebook_setup` from the rule's ``<key>_view`` outputs."""
 
 
-def _write_view(path: Path) -> None:
+def _write_view(path: Path, labels: dict[str, Any] | None = None) -> None:
+    """The report view of a figure or table, when the rule declares one; a figure's view gets a sidecar
+    ``<view>.labels.json`` of :func:`figure_labels`, which the caption test reads."""
     view = _VIEWS.get(path.resolve())
-    if view is not None:
-        report.render(path, view)
+    if view is None:
+        return
+    report.render(path, view)
+    if labels is not None:
+        with atomic_path(view.with_suffix(".labels.json")) as tmp:
+            tmp.write_text(json.dumps(labels, indent=1, sort_keys=True) + "\n")
 
 
 def repo_path(path: str | os.PathLike[str]) -> Path:
@@ -186,20 +214,24 @@ def notebook_setup(namespace: MutableMapping[str, Any], **sources: str) -> None:
     """Set up a figure notebook: apply the style and bind its path parameters.
 
     Call it right after the parameters cell as ``notebook_setup(globals(), table_csv="output.table", ...)``.
-    Under Snakemake's ``notebook:`` directive (``namespace`` holds the injected ``snakemake`` object) each
-    named parameter is set from the rule: ``"input.curves"`` is ``snakemake.input.curves``, a bare
-    ``"input"`` the rule's whole input, and a parameter whose value is a list receives a list. Otherwise
-    (by hand, papermill, nbmake) each parameter keeps its value, resolved with :func:`repo_path` (every item
-    of a list), so the defaults work from the repository root and from ``notebooks/``.
+
+    * Under Snakemake's ``notebook:`` directive (``namespace`` holds the injected ``snakemake`` object) each named
+      parameter is set from the rule: ``"input.curves"`` is ``snakemake.input.curves``, a bare ``"input"`` the rule's
+      whole input; a list parameter (its default a glob pattern) receives a list.
+    * By hand (JupyterLab's Run All, papermill, nbmake) each parameter keeps its default, resolved from the
+      repository root (:func:`repo_path`): a path as it is, a glob pattern as the sorted files it matches. Every
+      input must exist: a missing one is refused, naming the rule of the pipeline that makes it and the command
+      that runs it. What was found is printed, so the first cell says what the notebook reads.
 
     Args:
         namespace: the notebook's globals; the named parameters are rebound in it.
         **sources: parameter name -> ``"<section>"`` or ``"<section>.<name>"`` of the Snakemake object, the
-            section ``input`` or ``output`` (file paths only: by hand every bound value is resolved as one).
+            section ``input`` or ``output`` (file paths only).
 
     Raises:
         KeyError: a named parameter is not defined in ``namespace`` (it belongs in the parameters cell).
         ValueError: a source names another section.
+        FileNotFoundError: by hand, an input the pipeline has not made yet (the message says how to make it).
     """
     apply_style()
     for name, source in sources.items():
@@ -210,22 +242,67 @@ def notebook_setup(namespace: MutableMapping[str, Any], **sources: str) -> None:
             raise ValueError(f"{name}={source!r}: the source must be one of {_SNAKEMAKE_SECTIONS}, optionally .name")
     smk = namespace.get("snakemake")  # injected by Snakemake's notebook: directive
     _VIEWS.clear()
-    named = getattr(smk.output, "items", None) if smk is not None else None  # Snakemake's named outputs
+    if smk is not None:
+        _bind_from_snakemake(namespace, smk, sources)
+        return
+    outputs = [namespace[n] for n, source in sources.items() if source.startswith("output")]
+    found = []
+    for name, source in sources.items():
+        default = namespace[name]
+        if source.startswith("input"):
+            namespace[name] = _existing_inputs(name, default, outputs)
+            count = len(namespace[name]) if isinstance(namespace[name], list) else 1
+            found.append(f"  {name}: {default}" + (f" ({count} files)" if is_pattern(default) else ""))
+        else:
+            namespace[name] = repo_path(default)
+    print(  # noqa: T201 - the notebook's first output: what it reads
+        "Reading the pipeline's results (by hand: the defaults below, resolved from the repository root; under "
+        "Snakemake its rule's inputs):\n" + "\n".join(found)
+    )
+
+
+def is_pattern(value: Any) -> bool:
+    """Whether a notebook parameter's default is a glob pattern (a list parameter)."""
+    return isinstance(value, str) and any(c in value for c in "*?[")
+
+
+def _bind_from_snakemake(namespace: MutableMapping[str, Any], smk: Any, sources: Mapping[str, str]) -> None:
+    named = getattr(smk.output, "items", None)  # Snakemake's named outputs
     if callable(named):
         outputs = dict(named())
         for key, view in outputs.items():
             if key.endswith("_view") and key.removesuffix("_view") in outputs:
                 _VIEWS[Path(outputs[key.removesuffix("_view")]).resolve()] = Path(view)
     for name, source in sources.items():
-        default = namespace[name]
-        if smk is None:
-            namespace[name] = [repo_path(p) for p in default] if isinstance(default, list) else repo_path(default)
-            continue
         section, _, key = source.partition(".")
         value = getattr(smk, section)
         if key:
             value = getattr(value, key)
-        namespace[name] = list(value) if isinstance(default, list) else value
+        default = namespace[name]
+        namespace[name] = list(value) if is_pattern(default) or isinstance(default, list) else value
+
+
+def _existing_inputs(name: str, default: Any, outputs: list[Any]) -> Any:
+    """A by-hand input: the file (or the files a pattern matches), refused when the pipeline has not made it yet."""
+    from ue5m3 import stages  # noqa: PLC0415 - only the by-hand path needs the registry
+
+    if isinstance(default, list):
+        paths = [repo_path(p) for p in default]
+    elif is_pattern(default):
+        root = repo_path(".")
+        paths = sorted(root.glob(str(default)))
+    else:
+        paths = [repo_path(default)]
+    missing = [p for p in paths if not p.exists()] if paths else [repo_path(default)]
+    if missing:
+        target = " ".join(str(o) for o in outputs[:1])
+        rule = stages.producer(str(default))
+        made_by = f"rule {rule} of the pipeline makes it" if rule else "the pipeline makes it"
+        raise FileNotFoundError(
+            f"notebook parameter {name!r}: {missing[0] if paths else default} does not exist yet ({made_by}); run "
+            f"`snakemake --cores 2 {target}` from the repository root first (or `make reproduce` for everything)"
+        )
+    return paths if isinstance(default, list) or is_pattern(default) else paths[0]
 
 
 def format_number(value: float) -> str:

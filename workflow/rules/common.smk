@@ -7,6 +7,7 @@ is validated against the schema generated from ue5m3.pipeline.sections, then loa
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -18,7 +19,8 @@ from ue5m3.evaluation.inference import InferencePolicy
 from ue5m3.identify.oracles import OracleConfig
 from ue5m3.identify.parity import ParityConfig
 from ue5m3.identify.run import WitnessConfig
-from ue5m3.pipeline import jobs, registry
+from ue5m3 import stages
+from ue5m3.pipeline import jobs
 
 validate(config, "../schemas/config.schema.yaml")
 pipeline.check_files(workflow.configfiles)
@@ -28,6 +30,10 @@ config.update(configs.dump(PIPELINE))
 
 # The conda environments' post-deploy scripts (workflow/envs/*.post-deploy.sh) install this repository from here.
 os.environ.setdefault("UE5M3_SOURCE", str(workflow.basedir))
+# The rules call `ue5m3`, and the notebook rules Jupyter, from PATH: the tools installed beside the Python that runs
+# Snakemake come first, so `.venv/bin/snakemake ...` works with nothing exported (a job's conda environment, where
+# one is used, puts its own first).
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 TRAINING, CONTROL = PIPELINE.training, PIPELINE.control
 EVALUATION, IDENT, THROUGHPUT = (
@@ -135,13 +141,13 @@ def environment(kind):
     return of
 
 
-# ----- figures and their report views (ue5m3.pipeline.registry) ----------------------------------------
+# ----- figures and their report views (ue5m3.stages) ----------------------------------------
 
 
 def caption_file(name):
     """The report caption of one figure, written from its registry entry (a Jinja template) into .snakemake/."""
     path = Path(".snakemake", "ue5m3-captions", f"{name}.rst").resolve()  # the working directory's
-    text = registry.figure(name).caption + "\n"
+    text = stages.figure(name).caption + "\n"
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -152,12 +158,12 @@ def figure_outputs(rule):
     """A notebook rule's outputs: each figure or table of the registry it draws, and that item's report view
     (`<key>_view`, written by the same job, so `snakemake --report report.html <figure>` holds it)."""
     outputs = {}
-    for item in registry.figures_of(rule):
+    for item in stages.figures_of(rule):
         outputs[item.key] = figure_path(item.file)
         outputs[f"{item.key}_view"] = report(
             result_path("report", item.view),
             caption=caption_file(item.name),
-            category=registry.category(item.stage),
+            category=stages.category(item.stage),
             labels={"item": item.title, "file": item.file},
         )
     return outputs
@@ -165,12 +171,12 @@ def figure_outputs(rule):
 
 def all_figures():
     """Every figure and table of the registry: the inputs of `rule all`."""
-    return [figure_path(item.file) for item in registry.FIGURES]
+    return [figure_path(item.file) for item in stages.FIGURES]
 
 
 def report_views():
     """Every figure's report view."""
-    return [result_path("report", item.view) for item in registry.FIGURES]
+    return [result_path("report", item.view) for item in stages.FIGURES]
 
 
 # ----- data --------------------------------------------------------------------------------------------

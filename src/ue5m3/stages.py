@@ -1,5 +1,5 @@
-"""The registry of the pipeline's stages and figures: one table each, from which the rules, the report and the docs
-are generated.
+"""The registry of the reproduction's stages, figures and results: one table each, from which the rules, the report,
+the notebooks' messages and the docs are generated.
 
 :data:`STAGES` maps each stage of the reproduction to the paper's section it reproduces (the README's table, the
 report's categories and the rules' comments all come from it). :data:`FIGURES` lists every figure and comparison
@@ -26,6 +26,8 @@ __all__ = [
     "figure_rules",
     "category",
     "stage_table",
+    "PRODUCERS",
+    "producer",
 ]
 
 
@@ -431,3 +433,30 @@ def stage_table() -> str:
         rules = ", ".join(f"`{rule}`" for rule in dict.fromkeys(f.rule for f in items))
         lines.append(f"| {s.title} | {s.paper} | {files} | {rules} |")
     return "\n".join(lines) + "\n"
+
+
+PRODUCERS: tuple[tuple[str, str], ...] = (
+    ("results/range_analysis/*", "range_analysis"),
+    ("results/accumulation/*", "accumulation_stats"),
+    ("results/train/summary/*", "training_summary"),
+    ("results/train/main/*", "train_run"),
+    ("results/train/control/*", "train_control"),
+    ("results/eval/nll/*", "evaluate_nll"),
+    ("results/eval/snapshot/*", "scale_snapshot"),
+    ("results/eval/downstream/*", "evaluate_downstream"),
+    ("results/identify/fits/*", "identify_fit"),
+    ("results/identify/parity/*", "identify_parity"),
+    ("results/identify/grid_control/*", "grid_control"),
+    ("results/throughput/*", "throughput"),
+)
+"""The rule that writes each part of ``results/`` (a figure notebook run by hand names it for a missing input)."""
+
+
+def producer(path: str) -> str | None:
+    """The rule that makes a result path (or glob pattern) under ``results/``; None for any other path."""
+    import fnmatch
+
+    for pattern, rule in PRODUCERS:
+        if fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern.removesuffix("*")):
+            return rule
+    return None

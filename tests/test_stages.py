@@ -1,5 +1,5 @@
-"""The registry of stages and figures (ue5m3.pipeline.registry) and what is generated from it: the README's stage
-table, the rule files' paper sections, the rules' figure outputs."""
+"""The registry of stages and figures (ue5m3.stages) and what is generated from it: the README's stage table, the
+rule files' paper sections, the rules' figure outputs, the producers of results named to a notebook run by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ue5m3.pipeline import registry
+from ue5m3 import stages
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "workflow" / "rules"
@@ -25,20 +25,20 @@ RULE_FILES = {
 
 
 def test_names_are_unique_and_every_figure_belongs_to_a_stage():
-    names = [f.name for f in registry.FIGURES]
+    names = [f.name for f in stages.FIGURES]
     assert len(names) == len(set(names)) == 28
-    stages = {s.name for s in registry.STAGES}
-    assert {f.stage for f in registry.FIGURES} == stages
-    for rule in registry.figure_rules():
-        keys = [f.key for f in registry.figures_of(rule)]
+    names = {s.name for s in stages.STAGES}
+    assert {f.stage for f in stages.FIGURES} == names
+    for rule in stages.figure_rules():
+        keys = [f.key for f in stages.figures_of(rule)]
         assert len(keys) == len(set(keys)), rule
-    assert sorted(s.order for s in registry.STAGES) == list(range(1, len(registry.STAGES) + 1))
-    assert set().union(*RULE_FILES.values()) == stages
+    assert sorted(s.order for s in stages.STAGES) == list(range(1, len(stages.STAGES) + 1))
+    assert set().union(*RULE_FILES.values()) == names
 
 
 def test_every_figure_rule_exists_and_takes_its_outputs_from_the_registry():
     text = {p.name: p.read_text() for p in RULES.glob("*.smk")}
-    for rule in registry.figure_rules():
+    for rule in stages.figure_rules():
         home = [name for name, body in text.items() if re.search(rf"^rule {rule}:", body, re.M)]
         assert len(home) == 1, rule
         block = text[home[0]].split(f"rule {rule}:", 1)[1].split("\nrule ", 1)[0]
@@ -46,18 +46,29 @@ def test_every_figure_rule_exists_and_takes_its_outputs_from_the_registry():
 
 
 def test_the_readme_shows_the_registrys_stage_table():
-    assert registry.stage_table() in (ROOT / "README.md").read_text()
+    assert stages.stage_table() in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(RULE_FILES))
 def test_each_rule_file_names_the_paper_sections_of_its_stages(name):
     header = " ".join(line.lstrip("# ") for line in (RULES / name).read_text().splitlines()[:4])
     for stage in RULE_FILES[name]:
-        assert f"paper {registry.stage(stage).paper}" in header, f"{name}: {registry.stage(stage).paper}"
+        assert f"paper {stages.stage(stage).paper}" in header, f"{name}: {stages.stage(stage).paper}"
 
 
 def test_an_unknown_name_is_refused_naming_the_known_ones():
     with pytest.raises(KeyError, match="range_headroom"):
-        registry.figure("range_headrom")
+        stages.figure("range_headrom")
     with pytest.raises(KeyError, match="unknown stage"):
-        registry.stage("nope")
+        stages.stage("nope")
+
+
+def test_every_result_a_notebook_reads_has_a_producer_rule_that_exists():
+    rules = set()
+    for smk in RULES.glob("*.smk"):
+        rules |= set(re.findall(r"^(?:use )?rule (\w+)", smk.read_text(), re.M))
+        rules |= set(re.findall(r" as (\w+) with:", smk.read_text()))
+    assert {rule for _, rule in stages.PRODUCERS} <= rules
+    notebooks = (ROOT / "notebooks").glob("*.py")
+    defaults = re.findall(r'^\w+ = "(results/[^"]+)"', "\n".join(p.read_text() for p in notebooks), re.M)
+    assert defaults and all(stages.producer(d) for d in defaults), [d for d in defaults if not stages.producer(d)]
