@@ -182,3 +182,48 @@ def test_a_training_run_logged_to_a_file_holds_the_loss_of_every_logged_step(tmp
     # every line is a record in the one format (or the indented continuation of a multi-line one)
     record = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
     assert all(record.match(line) or line.startswith(" ") for line in text.splitlines() if line), text
+
+
+EVAL_VERBS = [
+    ["lm-eval", "--model", "ue5m3", "--tasks", "x"],
+    ["evaluate-downstream", "--config", '{"tasks": ["arc_easy"]}', "--run-dir", "r", "--policy", "bf16"]
+    + ["--tasks-dir", "t", "--out", "o.json"],
+]
+
+
+@pytest.mark.parametrize("argv", EVAL_VERBS, ids=lambda argv: argv[0])
+def test_without_the_eval_extra_the_evaluation_verbs_name_it_and_exit_2(argv, monkeypatch, capsys, tmp_path):
+    """lm-eval not installed (simulated: ``import lm_eval`` fails as for a missing module): one error line naming
+    the module and the extra's install command, exit status 2, no traceback and no work done."""
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"ue5m3 {argv[0]}: error: ue5m3 {argv[0]} needs lm-eval (no module named 'lm_eval')" in err
+    assert 'pip install "ue5m3[eval]"' in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_module_of_the_eval_extra_missing_inside_lm_evals_cli_names_the_extra(monkeypatch, capsys):
+    """``ue5m3 lm-eval --model hf`` where lm-eval's HF backend cannot import accelerate (the extra carries it)."""
+    import lm_eval.__main__
+
+    def cli_evaluate():
+        raise ModuleNotFoundError("No module named 'accelerate'", name="accelerate")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", cli_evaluate)
+    assert cli.main(["lm-eval", "--model", "hf", "--tasks", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "lm-eval's --model hf needs accelerate (no module named 'accelerate')" in err
+    assert 'pip install "ue5m3[eval]"' in err
+
+
+def test_a_module_outside_the_eval_extra_missing_inside_lm_evals_cli_is_not_blamed_on_it(monkeypatch):
+    import lm_eval.__main__
+
+    def cli_evaluate():
+        raise ModuleNotFoundError("No module named 'langdetect'", name="langdetect")  # a task's own dependency
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", cli_evaluate)
+    with pytest.raises(ModuleNotFoundError, match="langdetect"):
+        cli.main(["lm-eval", "--model", "hf", "--tasks", "x"])

@@ -84,14 +84,13 @@ def test_native_backend_refuses_cases_it_does_not_cover():
 
 def test_kernel_library_is_cached_by_source_hash(tmp_path, monkeypatch):
     monkeypatch.setenv("UE5M3_CACHE", str(tmp_path))
-    monkeypatch.setattr(cpu_kernel, "_prebuilt_dir", lambda: tmp_path / "no-install")  # not the installed one
-    cpu_kernel.load.cache_clear()
+    cpu_kernel._library.cache_clear()
     try:
         cpu_kernel.load()
         built = list(tmp_path.glob("ue5m3_kernels-*.so"))
         assert len(built) == 1
     finally:
-        cpu_kernel.load.cache_clear()
+        cpu_kernel._library.cache_clear()
 
 
 # ----- the probe-matched GEMM kernels ------------------------------------------------------------------------

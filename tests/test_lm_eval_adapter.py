@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
+from lm_eval_helpers import ByteTokenizer, Unit
 from ue5m3 import models
 from ue5m3.evaluation.lm_eval import UE5M3LM
 from ue5m3.evaluation.olmes import taskdata
@@ -20,28 +22,6 @@ from ue5m3.evaluation.olmes import taskdata
 # Batched (right-padded) and single-row forwards run GEMMs of different shapes, so float32 sums may differ in the
 # last bits; 1e-4 absolute on log-probs of ~-8 per token is far below any accuracy-relevant difference.
 ATOL = 1e-4
-
-
-class ByteTokenizer:
-    """Toy tokenizer: one id per UTF-8 byte, offset past PAD/BOS/EOS (0, 1, 2)."""
-
-    eos_id = 2
-    bos_id = 1
-
-    def encode(self, text: str) -> list[int]:
-        return [3 + b for b in text.encode("utf-8")]
-
-
-class Unit:
-    """Minimal inference wrapper: ``forward_unit`` counts its calls and records the input shapes."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.calls: list[tuple[int, ...]] = []
-
-    def forward_unit(self, input_ids: torch.Tensor) -> torch.Tensor:
-        self.calls.append(tuple(input_ids.shape))
-        return self.model(input_ids)
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +169,43 @@ def test_registered_under_ue5m3_and_reports_eos():
     lm = UE5M3LM(Unit(torch.nn.Identity()), ByteTokenizer())
     assert lm.eot_token_id == lm.prefix_token_id == 2
     assert lm.tok_encode("ab") == [3 + 97, 3 + 98]
+
+
+def test_lm_eval_has_no_plugin_discovery_so_ue5m3_is_registered_by_importing_the_adapter():
+    """Why the CLI is ``ue5m3 lm-eval`` and not ``lm_eval --model ue5m3``: lm-eval 0.4.13 finds models only in its
+    own table (``lm_eval.models.MODEL_MAPPING``) and in what imported code registered; it reads no entry points (its
+    registry accepts EntryPoint placeholders but nothing loads any), and its CLI imports no external package. The day
+    lm-eval discovers plugins this test fails: then register ``ue5m3`` as an entry point and document plain
+    ``lm_eval --model ue5m3``. A fresh interpreter, so that nothing imported the adapter before."""
+    import lm_eval
+
+    source = Path(lm_eval.__file__).parent
+    readers = [p for p in source.rglob("*.py") if "entry_points(" in p.read_text(encoding="utf-8", errors="replace")]
+    assert readers == [], f"lm-eval {lm_eval.__version__} now reads entry points: {readers}"
+    script = (
+        "from lm_eval.api.registry import get_model\n"
+        "import lm_eval.__main__, lm_eval.evaluator, lm_eval.models\n"  # what `lm_eval --model ...` imports
+        "try:\n"
+        "    get_model('ue5m3')\n"
+        "except ValueError as err:\n"
+        "    assert 'no model for this name found' in str(err), err\n"
+        "else:\n"
+        "    raise AssertionError('lm-eval knows ue5m3 without the adapter')\n"
+        "import ue5m3.evaluation.lm_eval as adapter\n"
+        "assert get_model('ue5m3') is adapter.UE5M3LM\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout.split() == ["ok"], done.stderr[-3000:]
+
+
+def test_importing_the_adapter_keeps_lm_evals_own_models():
+    """lm-eval loads its own table only while its registry is empty; the adapter fills it first, so that
+    ``ue5m3 lm-eval --model hf`` (and ``simple_evaluate(model="hf")`` after importing the adapter) still work."""
+    from lm_eval.api.registry import model_registry
+
+    assert {"ue5m3", "hf", "dummy"} <= set(model_registry)
+    assert get_model("dummy").__name__ == "DummyLM"
 
 
 def test_arg_string_without_inference_module_names_it(monkeypatch):

@@ -54,6 +54,30 @@ def test_configure_is_idempotent_and_takes_the_level_from_the_environment(config
         logs.configure("loud")
 
 
+def test_third_party_noise_is_dropped_and_their_other_warnings_kept(configured, capsys):
+    """The lines of ``logs.NOISE`` (torchao's extensions that do not load here, torch's note on torchao's Enums,
+    lm-eval's custom_dataset hint for ue5m3's tasks) are dropped; any other warning of those loggers still shows."""
+    so = "/venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so"
+    logging.getLogger("torchao").warning(f"Failed to load {so}: Could not load this library: {so}")
+    logging.getLogger("torchao").warning("Failed to load /x/torchao/_C_cutlass_90a.abi3.so: undefined symbol")
+    logging.getLogger("torch.utils._pytree").warning(
+        "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.", "<enum 'K'>"
+    )
+    logging.getLogger("lm_eval.api.task").warning(
+        "ue5m3_arc_easy_mc: Custom kwargs can be passed to `--metadata` in console (as json string)"
+    )
+    logging.getLogger("torchao").warning("a torchao warning that matters")
+    logging.getLogger("lm_eval.api.task").warning("arc_easy: Custom kwargs can be passed to `--metadata` ...")
+    logs.configure("info")  # again: the filters are not stacked, and still hold
+    logging.getLogger("torchao").warning(f"Failed to load {so}: again")
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(": ", 1)[1] for line in err] == [
+        "a torchao warning that matters",
+        "arc_easy: Custom kwargs can be passed to `--metadata` ...",  # not one of ours: lm-eval's hint may matter
+    ]
+    assert sum(isinstance(f, logs._DropNoise) for f in logging.getLogger("torchao").filters) == 1
+
+
 def test_ranks_other_than_0_log_only_warnings(configured, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     logging.getLogger("ue5m3.x").info("rank 1 info")

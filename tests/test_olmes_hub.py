@@ -168,7 +168,7 @@ def test_mmlu_pro_task_config_runs_end_to_end_offline_on_a_local_copy(local_mmlu
     """The MC scoring path of lm-eval's leaderboard_mmlu_pro config (5-shot, letters A-J, acc) and the aggregate key."""
     from lm_eval.api.instance import Instance
 
-    from test_lm_eval_adapter import ByteTokenizer, Unit
+    from lm_eval_helpers import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 

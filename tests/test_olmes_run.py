@@ -4,6 +4,7 @@ random debug model, the shared task dir, and evaluate_run with the hub task."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from ue5m3.evaluation.olmes import tasks as olmes_tasks
 
 @needs_wheel
 def test_lm_eval_runs_offline_end_to_end_and_scores_match_direct_loglikelihoods(tmp_path):
-    from test_lm_eval_adapter import ByteTokenizer, Unit
+    from lm_eval_helpers import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 
@@ -63,7 +64,7 @@ def test_winogrande_and_hellaswag_run_offline_end_to_end_with_olmes_scoring(wino
     """Multiple-input WinoGrande RC (context per choice), WinoGrande MC and HellaSwag RC (per-char) via lm-eval."""
     from lm_eval.api.instance import Instance
 
-    from test_lm_eval_adapter import ByteTokenizer, Unit
+    from lm_eval_helpers import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 
@@ -148,3 +149,69 @@ def test_evaluate_run_puts_mmlu_pro_beside_the_offline_suites(local_mmlu_pro, tm
         assert aggregates["core9_evaluated"]["tasks"] == ["arc_easy"]
     else:
         assert aggregates["core9"] == {"_macro": None} and aggregates["core9_evaluated"]["macro"] is None
+
+
+def _no_absolute_path_in(task_dir) -> list[str]:
+    """Files of ``task_dir`` that name an absolute path of the folder (or of its parent)."""
+    here = str(task_dir.resolve().parent)
+    return [p.name for p in task_dir.iterdir() if p.is_file() and here in p.read_text(errors="replace")]
+
+
+@needs_wheel
+def test_a_task_folder_scores_the_same_after_it_is_moved(tmp_path):
+    """The YAMLs name their docs relative to the folder (through its loader): built in one place, moved, scored from
+    the new place with the same scores; the sidecars move along and the folder is not rebuilt there."""
+    from lm_eval_helpers import ByteTokenizer, Unit
+    from ue5m3 import models
+    from ue5m3.evaluation.lm_eval import UE5M3LM
+
+    built = tmp_path / "a" / "tasks"
+    wanted = ["arc_easy", "winogrande", "mmlu_anatomy"]  # shared contexts, multiple-input WinoGrande RC, MMLU
+    names = olmes.build_tasks(built, wanted, n=3)
+    assert _no_absolute_path_in(built) == []
+    net = models.build("dense_debug", device="cpu", generator=torch.Generator().manual_seed(0)).eval()
+    here = olmes.run_suite(UE5M3LM(Unit(net), ByteTokenizer(), max_length=4096), built, names, log_samples=False)
+    sha = olmes_run._tasks_sha256(built, names)
+
+    moved = tmp_path / "b" / "elsewhere"
+    moved.parent.mkdir()
+    built.rename(moved)
+    docs = {p.name: p.stat().st_mtime_ns for p in moved.glob("*.jsonl")}
+    assert olmes.build_tasks(moved, wanted, n=3) == names  # the manifest and build record moved with it
+    assert {p.name: p.stat().st_mtime_ns for p in moved.glob("*.jsonl")} == docs  # nothing rebuilt
+    there = olmes.run_suite(UE5M3LM(Unit(net), ByteTokenizer(), max_length=4096), moved, names, log_samples=False)
+    assert there["scores"] == here["scores"] and there["aggregates"] == here["aggregates"]
+    assert olmes_run._tasks_sha256(moved, names) == sha
+
+
+@needs_wheel
+def test_a_folder_built_with_absolute_paths_is_rewritten_relocatable(tmp_path):
+    """A folder written by an earlier version (YAMLs with ``dataset_path: json`` and an absolute ``data_files``, no
+    loader) is made relocatable by the next build_tasks; its docs stay as they are."""
+    names = olmes.build_tasks(tmp_path / "tasks", ["arc_easy"], n=2)
+    old = tmp_path / "tasks" / f"{names[0]}.yaml"
+    current = old.read_text()
+    absolute = json.dumps(str((tmp_path / "tasks" / f"{names[0]}.jsonl").resolve()))
+    old.write_text(
+        current.replace(
+            f'custom_dataset: !function ue5m3_task_data.load\ndataset_kwargs:\n  data_file: "{names[0]}.jsonl"\n',
+            f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {absolute}\n",
+        )
+    )
+    (tmp_path / "tasks" / olmes.LOADER).unlink()
+    assert "dataset_path: json" in old.read_text()
+    olmes.build_tasks(tmp_path / "tasks", ["arc_easy"], n=2)
+    assert old.read_text() == current and (tmp_path / "tasks" / olmes.LOADER).is_file()
+    assert _no_absolute_path_in(tmp_path / "tasks") == []
+
+
+def test_the_folder_loader_imports_nothing_of_ue5m3():
+    """lm-eval alone reads a task folder (``lm_eval --include_path``): its loader needs datasets only."""
+    import ast
+
+    from ue5m3.evaluation.olmes import task_data
+
+    tree = ast.parse(Path(task_data.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "pathlib", "typing", "datasets"}

@@ -184,7 +184,7 @@ def test_requests_varying_both_context_and_continuation_are_refused(tmp_path, mo
 
 
 def test_continuation_lengths_are_checked_before_any_model_work(core9):
-    from test_lm_eval_adapter import ByteTokenizer
+    from lm_eval_helpers import ByteTokenizer
 
     task_dir, names, _ = core9
     longest = olmes.check_continuation_lengths(task_dir, names, ByteTokenizer().encode, 4096)

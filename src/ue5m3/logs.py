@@ -3,8 +3,10 @@
 The command line calls :func:`configure` once. Records of the package's loggers (each module logs through
 ``logging.getLogger(__name__)``) and Python warnings then go to stderr in one format, :data:`LOG_FORMAT`
 (``2026-12-01 12:00:00 INFO ue5m3.training.loop: ...``), at the level of ``ue5m3 --log-level`` (or of the
-``UE5M3_LOG_LEVEL`` environment variable; default ``info``). Other libraries log their warnings and errors only.
-Under torchrun only rank 0 logs below WARNING, so a multi-process log holds each message once.
+``UE5M3_LOG_LEVEL`` environment variable; default ``info``). Other libraries log their warnings and errors only,
+less the few lines in :data:`NOISE` that say nothing about the command's work (third-party messages printed whenever
+transformers or lm-eval load; each entry says why it is noise). Under torchrun only rank 0 logs below WARNING, so a
+multi-process log holds each message once.
 
 :class:`Progress` reports a long loop. On a terminal it is a tqdm bar with the loop's figures (loss, tokens/s) as
 its postfix. Anywhere else (a Snakemake job's log file, a pipe) it writes plain log lines instead of a bar's
@@ -16,12 +18,23 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["LOG_FORMAT", "DATE_FORMAT", "LEVELS", "LEVEL_ENV", "configure", "interactive", "Progress", "progress_over"]
+__all__ = [
+    "LOG_FORMAT",
+    "DATE_FORMAT",
+    "LEVELS",
+    "LEVEL_ENV",
+    "NOISE",
+    "configure",
+    "interactive",
+    "Progress",
+    "progress_over",
+]
 
 T = TypeVar("T")
 
@@ -32,6 +45,34 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 LEVELS = ("debug", "info", "warning", "error")
 LEVEL_ENV = "UE5M3_LOG_LEVEL"
 """The environment variable holding the default log level (``ue5m3 --log-level`` wins over it)."""
+
+
+NOISE: tuple[tuple[str, str], ...] = (
+    # transformers imports torchao whenever it is installed (its quantizer registry; ue5m3 never uses torchao's
+    # kernels). torchao then tries its optional compiled extensions and warns for each one that does not load here:
+    # builds for another Python (_C_mxfp8.cpython-310) or for a CUDA GPU (_C_cutlass_90a); its Python paths work.
+    ("torchao", r"^Failed to load \S*torchao/_C\w*\.\S*so: "),
+    # torchao registers its Enums with torch's pytree, which torch 2.13 deprecates: a note to torchao's developers.
+    ("torch.utils._pytree", r"is an Enum subclass and is now natively supported by torch\.compile"),
+    # lm-eval says this for every task with a custom_dataset: ue5m3's task folders use one only to find their docs
+    # relative to the folder (ue5m3.evaluation.olmes.task_data), and take no custom keyword arguments.
+    ("lm_eval.api.task", r"^ue5m3_\S+: Custom kwargs can be passed to `--metadata`"),
+)
+"""(logger, regular expression) pairs: third-party records :func:`configure` drops (matched against the message)."""
+
+
+class _DropNoise(logging.Filter):
+    """Drops the records of one logger whose message matches a pattern of :data:`NOISE`."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return self.pattern.search(record.getMessage()) is None
+        except Exception:  # a record whose arguments do not format: not ours to judge
+            return True
 
 
 def interactive() -> bool:
@@ -76,7 +117,8 @@ def _level(name: str | int) -> int:
 
 
 def configure(level: str | int | None = None) -> None:
-    """Send the package's log records and Python warnings to stderr in :data:`LOG_FORMAT` (idempotent).
+    """Send the package's log records and Python warnings to stderr in :data:`LOG_FORMAT`, less :data:`NOISE`
+    (idempotent).
 
     Args:
         level: ``debug``, ``info``, ``warning`` or ``error`` (or a ``logging`` level number); None reads
@@ -94,6 +136,11 @@ def configure(level: str | int | None = None) -> None:
     handler.addFilter(_RankZero())
     root.addHandler(handler)
     root.setLevel(max(numeric, logging.WARNING))  # other libraries: warnings and errors
+    for name, pattern in NOISE:  # a filter on the logger itself holds whichever handler prints its records
+        logger = logging.getLogger(name)
+        for stale in [f for f in logger.filters if isinstance(f, _DropNoise)]:
+            logger.removeFilter(stale)
+        logger.addFilter(_DropNoise(pattern))
     logging.getLogger("ue5m3").setLevel(numeric)
     logging.captureWarnings(True)  # warnings.warn(...) as WARNING records of the logger "py.warnings"
 

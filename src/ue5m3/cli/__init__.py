@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from ue5m3 import __version__, logs
 from ue5m3.cli import analyses, evaluation, identification, training
+from ue5m3.evaluation.extra import MissingExtra
 
 __all__ = ["main", "build_parser"]
 
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{logs.LEVEL_ENV}={os.environ.get(logs.LEVEL_ENV)!r}: {err}")
     try:
         return args._verbs[args.verb](args)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, MissingExtra) as err:
         logger.error(f"ue5m3 {args.verb}: error: {err}")
         return 2
     except RuntimeError as err:  # hardware that is not here: fail closed with the reason, no traceback

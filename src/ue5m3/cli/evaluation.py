@@ -29,6 +29,9 @@ def _scale_snapshot(args: argparse.Namespace) -> int:
 
 
 def _lm_eval(args: argparse.Namespace) -> int:
+    from ue5m3.evaluation import extra
+
+    extra.require("ue5m3 lm-eval")
     from lm_eval.__main__ import cli_evaluate
 
     from ue5m3.evaluation import lm_eval as lm_eval_adapter  # noqa: F401  # registers --model ue5m3
@@ -37,6 +40,11 @@ def _lm_eval(args: argparse.Namespace) -> int:
     sys.argv = ["lm-eval", *args.lm_eval_args]
     try:
         cli_evaluate()
+    except ModuleNotFoundError as err:  # e.g. --model hf without accelerate: name the extra
+        missing = extra.missing_extra(err, f"lm-eval's {' '.join(args.lm_eval_args[:2]) or 'run'}")
+        if missing is None:
+            raise
+        raise missing from err
     finally:
         sys.argv = saved
     return 0
@@ -59,7 +67,9 @@ def _fetch_olmes_data(args: argparse.Namespace) -> int:
 
 
 def _evaluate_downstream(args: argparse.Namespace) -> int:
-    from ue5m3.evaluation import olmes
+    from ue5m3.evaluation import extra, olmes
+
+    extra.require("ue5m3 evaluate-downstream")
 
     cfg = argtypes.load_stage_config(olmes.DownstreamConfig, args.config)
     if any(task not in olmes.HUB_TASKS for task in cfg.tasks):

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import lm_eval.models  # noqa: F401  # lm-eval's own models first: its registry loads them only while it is empty
 import torch
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM

@@ -73,7 +73,7 @@ def _kernel_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
     from ue5m3.numerics.kernels import cpu as cpu_kernel
 
     if not cpu_kernel.available():
-        return "no C compiler to build the kernel"
+        return cpu_kernel.unavailable_reason()
     return None
 
 

