@@ -23,6 +23,10 @@ SCHEMES = [
     dataclasses.replace(get_scheme("nvfp4"), scale_order=ScaleOrder.TORCHAO),
     BlockScheme(name="mx_ceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_CEIL),
     get_scheme("ue5m3_b16").with_target(2048.0),
+    get_scheme("nvfp4_4over6_mae"),
+    get_scheme("nvfp4_4over6_mse"),
+    get_scheme("nvfp4_4over6_abs_max"),
+    get_scheme("ue5m3_b16_4over6_mse"),
 ]
 
 

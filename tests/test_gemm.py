@@ -1,6 +1,5 @@
 """GEMM output models against a scalar reference in exact rational arithmetic (fractions)."""
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -36,59 +35,13 @@ def reference_probe_matched(a_q, b_q, width=64, rounding="rtz", grid=1024):
     return torch.tensor(out, dtype=torch.float32)
 
 
-def _significand_exponent(x: float, min_exponent: int) -> tuple[float, int]:
-    """MMA-Sim's extract_significand_exponent: 1 <= |s| < 2 above the minimum exponent, (0, -126) for zero."""
-    significand, exponent = math.frexp(x)
-    significand, exponent = significand * 2, exponent - 1
-    if exponent < min_exponent:
-        significand *= 2.0 ** (exponent - min_exponent)
-        exponent = min_exponent
-    if significand == 0.0:
-        exponent = -126
-    return significand, exponent
-
-
-def mma_sim_instruction(a, b, c, scale_a, scale_b, min_a, min_b, block) -> float:
-    """Transcription of MMA-Sim's nv_fused_dot_add_with_block_scale for k = 64 (35 fraction bits): Python floats,
-    the reference's own arithmetic (sub-block sums exact, truncations with math.trunc, RZ output)."""
-    sc, ec = _significand_exponent(c, -126)
-    significands, exponents = [sc], [ec]
-    for k in range(0, 64, 16):
-        s = sum(x * y for x, y in zip(a[k : k + 16], b[k : k + 16], strict=True))
-        s0, e0 = _significand_exponent(scale_a[k // block], min_a)
-        s1, e1 = _significand_exponent(scale_b[k // block], min_b)
-        significands.append(s * s0 * s1)
-        exponents.append(e0 + e1)
-    top = max(exponents)
-    total = sum(math.trunc(s * 2.0 ** (35 + e - top)) * 2.0**-35 for s, e in zip(significands, exponents, strict=True))
-    s, e = _significand_exponent(total * 2.0**top, -126)
-    s = math.trunc(s * 2.0**23) * 2.0**-23
-    with np.errstate(over="ignore"):
-        return float(np.float32(s * 2.0**e))
-
-
 def reference_mma_sim(a_q, b_q):
-    """The GEMM as a chain of MMA-Sim instructions along K (D fed back as C), then times alpha in FP32."""
-    block = a_q.scheme.block_size
-    pa, sa = a_q.payload.tolist(), a_q.scales.tolist()
-    pb, sb = b_q.payload.T.tolist(), b_q.scales.T.tolist()
-    if b_q.layout.two_d:
-        sb = b_q.scales.repeat_interleave(block, 1).T.tolist()
-    min_a, min_b = a_q.scheme.scale.min_exponent, b_q.scheme.scale.min_exponent
-    alpha = np.float32(float(gemm.alpha(a_q, b_q)))
-    out = []
-    for row, row_scales in zip(pa, sa, strict=True):
-        out_row = []
-        for col, col_scales in zip(pb, sb, strict=True):
-            acc = 0.0
-            for j in range(0, len(row), 64):
-                sub = slice(j // block, (j + 64) // block)
-                acc = mma_sim_instruction(
-                    row[j : j + 64], col[j : j + 64], acc, row_scales[sub], col_scales[sub], min_a, min_b, block
-                )
-            out_row.append(float(np.float32(acc) * alpha))
-        out.append(out_row)
-    return torch.tensor(out, dtype=torch.float32)
+    """The GEMM as MMA-Sim's released package computes it (``mmasim`` 2.1.1, ``TCGen05MMABlockScale``, k = 64,
+    chained along K), then times alpha in FP32: the peer itself, not a transcription of its code."""
+    pytest.importorskip("mmasim", reason="mmasim is not installed (pip install 'ue5m3[conformance]')")
+    from ue5m3.conformance.adapters.mmasim import block_scaled_accumulator
+
+    return block_scaled_accumulator(a_q, b_q) * gemm.alpha(a_q, b_q)
 
 
 def _operands(seed, m=3, k=128, n=4, scheme="ue5m3_b16", spread=0.0):
@@ -141,7 +94,7 @@ def test_probe_matched_exact_path_handles_huge_exponent_gaps_inside_a_slice(monk
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("spread", [0.0, 10.0])
 @pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4"])
-def test_mma_sim_equals_the_transcription_of_mma_sims_code(seed, spread, scheme):
+def test_mma_sim_equals_the_mmasim_package(seed, spread, scheme):
     a_q, b_q = _operands(seed, scheme=scheme, spread=spread)
     assert torch.equal(gemm.matmul(a_q, b_q, "mma_sim"), reference_mma_sim(a_q, b_q))
 
@@ -194,6 +147,44 @@ def test_mma_sim_zero_sum_sub_block_still_sets_the_alignment():
     assert float(got) == 0.0
     kept = _mx_operands([([0.0] * 30, 0), (_ones_at(0, value=1.0), -22)], [([0.0] * 30, 0), (_ones_at(0), 0)])
     assert float(gemm.matmul(*kept, "mma_sim")) == 2.0**-22  # the zero block at scale 1 truncates nothing here
+
+
+def test_mma_sim_all_zero_product_group_sets_no_alignment():
+    """mmasim 2.1.1: a group whose products are all zero takes e_zero = -139, so a zero block at scale 2^20 beside
+    a tiny block (2^-22) leaves it whole; the repository at c7851383 let the zero group set the quantum 2^-15 and
+    truncated the tiny block away."""
+    a_q, b_q = _mx_operands([([0.0] * 30, 20), (_ones_at(0), -22)], [([1.0] * 30, 0), (_ones_at(0), 0)])
+    got = gemm.matmul(a_q, b_q, "mma_sim")
+    assert torch.equal(got, reference_mma_sim(a_q, b_q))
+    assert float(got) == 2.0**-22
+
+
+@pytest.mark.parametrize(
+    "a_exponents,b_exponents",
+    [((-127, -127), (-127, -127)), ((-127, 60), (-127, 60)), ((60, -127), (-100, 60)), ((125, 0), (-127, 0))],
+)
+def test_mma_sim_equals_mmasim_at_ue8m0_scale_extremes(a_exponents, b_exponents):
+    """Scale exponents down to UE8M0's -127 (sums below e_zero, so a zero C sets the alignment) and up to 125."""
+    g = torch.Generator().manual_seed(sum(a_exponents) + 7 * sum(b_exponents) + 1000)
+
+    def blocks(exponents):
+        return [([float(v) for v in torch.randint(-4, 5, (30,), generator=g) * 0.5], e) for e in exponents]
+
+    a_q, b_q = _mx_operands(blocks(a_exponents) * 2, blocks(b_exponents) * 2)  # K = 128: two instructions
+    got, expected = gemm.matmul(a_q, b_q, "mma_sim"), reference_mma_sim(a_q, b_q)
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4", "ue5m3_b16"])
+def test_mma_sim_equals_mmasim_on_sparse_operands_with_zero_groups_and_zero_scales(scheme):
+    """Zero blocks (NVFP4: scale 0, no repair), zero products where the operands' zeros meet, spread scales."""
+    g = torch.Generator().manual_seed(17)
+    a = torch.randn(6, 256, generator=g) * torch.exp2(12 * torch.randn(6, 16, generator=g)).repeat_interleave(16, 1)
+    b = torch.randn(256, 5, generator=g) * torch.exp2(12 * torch.randn(16, 5, generator=g)).repeat_interleave(16, 0)
+    a[:, 16:48], b[64:96, 2], a[1, ::2], b[1::2, 3] = 0.0, 0.0, 0.0, 0.0
+    a[2, 128:144] = 1e-38  # an NVFP4 scale that rounds to zero
+    a_q, b_q = quantize(a, scheme), quantize(b, scheme, axis=0)
+    assert torch.equal(gemm.matmul(a_q, b_q, "mma_sim"), reference_mma_sim(a_q, b_q))
 
 
 def test_mma_sim_sums_32_element_mxfp4_blocks_as_two_16_element_sub_blocks():

@@ -212,8 +212,14 @@ LAYOUTS = {
 }
 
 
-def test_named_schemes_are_the_four_of_the_spec():
-    assert set(SCHEMES) == set(NAMED)
+def test_named_schemes_are_the_four_of_the_spec_and_the_4over6_variants():
+    four_over_six = {f"nvfp4_4over6_{s}" for s in ("mae", "mse", "abs_max")} | {
+        "ue5m3_b16_4over6_mae",
+        "ue5m3_b16_4over6_mse",
+    }
+    assert set(SCHEMES) == set(NAMED) | four_over_six
+    assert {SCHEMES[n].scale_rule for n in four_over_six} == {ScaleRule.FOUR_OVER_SIX}
+    assert {SCHEMES[n].target for n in four_over_six} == {256.0}
     assert [get_scheme(n).block_size for n in NAMED] == [16, 32, 16, 32]
     assert [get_scheme(n).scale.name for n in NAMED] == ["ue5m3", "ue5m3", "e4m3", "ue8m0"]
     assert [get_scheme(n).target for n in NAMED] == [448.0, 448.0, 448.0, None]

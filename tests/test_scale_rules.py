@@ -26,6 +26,7 @@ SCHEMES |= {
     )
     for r in (ScaleRule.MX_CEIL, ScaleRule.MX_RCEIL, ScaleRule.MX_ROUND_LOG2)
 }
+SCHEMES |= {n: get_scheme(n) for n in ("nvfp4_4over6_mse", "nvfp4_4over6_abs_max", "ue5m3_b16_4over6_mae")}
 
 
 def test_every_scale_rule_has_one_function_with_the_rule_signature():

@@ -59,7 +59,9 @@ def _compile(kernel, constants: dict, capability: int, num_warps: int = 4):
 
 
 # the scale rule of ue5m3_b16: tensor-scaled in TE's order onto UE5M3 (3 mantissa bits, exponents -14..15), repaired
-UE5M3_SCALES = dict(RULE=0, ORDER=0, SCALE_MBITS=3, SCALE_EMIN=-14, SCALE_EMAX=15, ZERO_REPAIR=True)
+UE5M3_SCALES = dict(RULE=0, ORDER=0, SCALE_MBITS=3, SCALE_EMIN=-14, SCALE_EMAX=15, ZERO_REPAIR=True, SELECTION=0)
+# nvfp4_4over6_mse: 4/6 (rule 4) in fouroversix's order onto E4M3 (3 mantissa bits, exponents -6..8), MSE selection
+FOUR_OVER_SIX_SCALES = dict(RULE=4, ORDER=1, SCALE_MBITS=3, SCALE_EMIN=-6, SCALE_EMAX=8, ZERO_REPAIR=False, SELECTION=1)
 
 
 def _cases() -> dict:
@@ -102,6 +104,32 @@ def _cases() -> dict:
             ),
             4,
         ),
+        "quantize_4over6": (
+            triton_quantize._quantize_kernel,
+            dict(L=16, L_POW2=16, BLOCKS=64, MODE=0, EXPLICIT_BITS=False, BIT_COUNT=0, **FOUR_OVER_SIX_SCALES),
+            4,
+        ),
+        "quantize_4over6_tiles": (
+            triton_quantize._quantize_kernel,
+            dict(L=256, L_POW2=256, BLOCKS=4, MODE=0, EXPLICIT_BITS=False, BIT_COUNT=0, **FOUR_OVER_SIX_SCALES),
+            4,
+        ),
+        "quantize_both_axes_4over6": (
+            triton_quantize._quantize_both_axes_kernel,
+            dict(
+                L=16,
+                TILE_ROWS=64,
+                TILE_COLS=64,
+                **FOUR_OVER_SIX_SCALES,
+                LAST=True,
+                LAST_MODE=0,
+                LAST_BITS=0,
+                FIRST=True,
+                FIRST_MODE=2,
+                FIRST_BITS=8,
+            ),
+            4,
+        ),
     }
 
 
@@ -123,7 +151,16 @@ def test_every_kernel_compiles_for_the_gpu(capability):
     )
     assert child.returncode == 0, child.stderr[-4000:]
     results = {r["case"]: r for r in map(json.loads, child.stdout.splitlines())}
-    assert set(results) == {"probe_matched", "prepare", "mma_sim", "quantize", "quantize_both_axes"}
+    assert set(results) == {
+        "probe_matched",
+        "prepare",
+        "mma_sim",
+        "quantize",
+        "quantize_both_axes",
+        "quantize_4over6",
+        "quantize_4over6_tiles",
+        "quantize_both_axes_4over6",
+    }
     assert all(r["cubin_bytes"] > 0 for r in results.values())
     assert results["probe_matched"]["add_rz"]  # the hardware's round-toward-zero addition, not the emulation
 

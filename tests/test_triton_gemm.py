@@ -114,6 +114,21 @@ def test_triton_mma_sim_keeps_a_zero_sum_sub_block_in_the_alignment():
     assert float(ref) == 0.0 and torch.equal(got.view(torch.int32), ref.view(torch.int32))
 
 
+def test_triton_mma_sim_gives_an_all_zero_product_group_no_alignment():
+    """mmasim 2.1.1's e_zero: a block of zero products at scale 2^20 leaves a 2^-22 block beside it whole, and a
+    zero accumulator below UE8M0's smallest scales (exponent sums down to -254) takes -139."""
+    a = torch.zeros(2, 128)
+    a[:, 30], a[:, 32], a[:, 62] = 6 * 2.0**20, 2.0**-22, 6 * 2.0**-22  # block 0: only the spare, which meets b's 0
+    a[1, 64:96], a[1, 94] = 2.0**-127, 6 * 2.0**-127
+    b = torch.zeros(128, 1)
+    b[0:30, 0], b[32, 0], b[63, 0] = 1.0, 1.0, 6.0
+    b[64:96, 0], b[95, 0] = 2.0**-120, 6 * 2.0**-120
+    a_q, b_q = quantize(a, "mxfp4"), quantize(b, "mxfp4", axis=0)
+    ref = gemm.matmul(a_q, b_q, "mma_sim", backend="torch")
+    got = gemm.matmul(a_q, b_q, "mma_sim", backend="triton")
+    assert float(ref[0]) == 2.0**-22 and torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
 # ----- the fast path (one exact tensor-core dot per slice) and the exact path ------------------------------------
 
 

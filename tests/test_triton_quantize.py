@@ -34,6 +34,10 @@ SCHEMES = {
     "mxfp4": get_scheme("mxfp4"),
     "mx_ceil": BlockScheme(name="mx_ceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_CEIL),
     "mx_rceil": BlockScheme(name="mx_rceil", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_RCEIL),
+    "nvfp4_4over6_mse": get_scheme("nvfp4_4over6_mse"),
+    "nvfp4_4over6_mae": get_scheme("nvfp4_4over6_mae"),
+    "nvfp4_4over6_abs_max": get_scheme("nvfp4_4over6_abs_max"),
+    "ue5m3_b16_4over6_mae": get_scheme("ue5m3_b16_4over6_mae"),
 }
 LAYOUTS = {
     "1d-last": ((8, 64), {}),

@@ -10,12 +10,16 @@ B [K, N] quantized along K (``axis=0``), with equal block sizes. "Encoded" opera
   ``slice_width`` (64); each slice's dot product is the exact sum rounded once to FP32; slices are combined in K
   order with FP32 additions rounded toward zero (``cross_slice_rounding="rtz"``) or to nearest; the encoded
   accumulator is optionally snapped to a 1/``final_grid`` lattice with ties to even; then times alpha.
-* ``mma_sim``: Blackwell block-scaled MMA as MMA-Sim's code computes it (microsoft/MMA-Sim,
-  ``mmasim/simulator/arithmetic.py`` ``nv_fused_dot_add_with_block_scale`` with the k=64 parameters of
-  ``nv_ptx.py``; arXiv 2511.10909): per 64-wide instruction, four 16-element sub-block sums (16 also inside
-  32-element MXFP4 blocks), each exact and unnormalised, carried at the sum of its two scale exponents; the
-  accumulator and the four terms are aligned to the largest of those exponents and C's (a sub-block whose sum is
-  zero still counts), each truncated toward zero 35 bits below it, summed exactly and truncated to FP32.
+* ``mma_sim``: Blackwell block-scaled MMA as MMA-Sim's released package computes it (``mmasim`` 2.1.1,
+  ``mmasim.nv_ptx.sim.TCGen05MMABlockScale`` for k = 64: ``arithmetic/fdpa.py`` ``MMA_GST_FDPA`` with G = 16,
+  F = 35, RZ-FP32, L_max = 64, e_zero = -139; arXiv 2511.10909; gemm spec 2.4): per 64-wide instruction, four
+  16-element group sums (16 also inside 32-element MXFP4 blocks), each exact and unnormalised, carried at the sum
+  of its two scale exponents; the accumulator and the four terms are aligned to the largest of those exponents
+  and C's, each truncated toward zero 35 bits below it, summed exactly and truncated to FP32. A group whose
+  products are all zero, or whose scale product is zero, takes the exponent e_zero = -139 and so sets no alignment
+  (a group whose nonzero products cancel keeps its scale exponent); a zero C takes e_zero too. The repository at
+  c7851383, which this model followed before, let an all-zero-product group set the alignment. UE5M3 scales
+  (not an MMA-Sim type) are read as MMA-Sim reads FP16 ones: the same minimum normal exponent, -14.
 
 Exactness. Slice sums are computed with an FP64 matmul when every partial sum is provably exact in FP64 (the
 exponent span of the slice's products plus log2 of the slice width fits in 53 bits, checked per row of A and
@@ -265,15 +269,24 @@ def fused_step(
 
 MMA_SIM_SUB_BLOCK = 16  # MMA-Sim forms one term per 16 elements, also inside 32-element MXFP4 blocks
 MMA_SIM_FRACTION_BITS = 35  # kept below the largest exponent by Blackwell's k=64 FP4 instructions
-MMA_SIM_ZERO_EXPONENT = -126  # MMA-Sim's exponent of a zero significand (accumulator or scale), any dtype
+MMA_SIM_ZERO_EXPONENT = -139  # e_zero: the exponent of a zero C, of an all-zero-product group, of a zero scale
 
 
 def _scale_exponents(scale: torch.Tensor, min_exponent: int) -> torch.Tensor:
     """MMA-Sim's exponent of each block scale: floor(log2 s) clamped at the format's minimum normal exponent
-    (subnormal scales keep a significand below 1), and -126 for a zero scale (int64)."""
+    (subnormal scales keep a significand below 1); a zero scale's group is given e_zero by the caller (int64)."""
     _, e = torch.frexp(scale.to(torch.float64))
-    e = torch.clamp(e.to(torch.int64) - 1, min=min_exponent)
-    return torch.where(scale == 0, torch.full_like(e, MMA_SIM_ZERO_EXPONENT), e)
+    return torch.clamp(e.to(torch.int64) - 1, min=min_exponent)
+
+
+def _group_exponents(
+    exp_a: torch.Tensor, exp_b: torch.Tensor, zero_a: torch.Tensor, zero_b: torch.Tensor, no_products: torch.Tensor
+) -> torch.Tensor:
+    """[groups, M, N] alignment exponents: the two scale exponents' sum, or e_zero where either scale is zero or
+    every product of the group is zero (MMA-Sim's ``apply_e_zero``); a group whose products cancel keeps its sum."""
+    summed = exp_a[:, :, None] + exp_b[:, None, :]
+    zero = zero_a[:, :, None] | zero_b[:, None, :] | no_products
+    return torch.where(zero, torch.full_like(summed, MMA_SIM_ZERO_EXPONENT), summed)
 
 
 def mma_sim_step(terms: torch.Tensor, exponents: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
@@ -283,12 +296,13 @@ def mma_sim_step(terms: torch.Tensor, exponents: torch.Tensor, acc: torch.Tensor
         terms: [n, ...] exact FP64 sub-block sums with both block scales applied (16 products each).
         exponents: [n, ...] int64 sums of the two block scales' exponents (the terms' alignment exponents,
             not their leading bits: an unnormalised sub-block sum sits up to ~11 bits above it, and a sub-block
-            whose sum is zero still counts).
+            whose nonzero products cancel still counts), e_zero (-139) for a group whose products are all zero or
+            whose scale product is zero.
         acc: [...] the FP32 accumulator C.
 
-    The largest of the exponents and C's (FP32 rules, zero -> -126) sets the quantum 2^(max - 35); C and every
+    The largest of the exponents and C's (FP32 rules, zero -> e_zero) sets the quantum 2^(max - 35); C and every
     term are truncated toward zero onto it, summed exactly, and the sum is truncated to FP32 (RTZ, subnormals
-    kept, +0 for zero, inf from 2^128 up).
+    kept, +0 for zero and for a sum that truncates to zero, inf from 2^128 up).
     """
     acc64 = acc.to(torch.float64)
     _, ec = torch.frexp(acc64)
@@ -299,7 +313,7 @@ def mma_sim_step(terms: torch.Tensor, exponents: torch.Tensor, acc: torch.Tensor
     # every truncated term is an integer below 2^48 quanta: the FP64 sum is exact
     total = torch.trunc(acc64 / quantum) * quantum + (torch.trunc(terms / quantum) * quantum).sum(0)
     total = total + 0.0  # an exact zero is +0.0
-    out = rtz_fp64_to_fp32(total)
+    out = rtz_fp64_to_fp32(total) + 0.0  # MMA-Sim's "-0.0 to +0.0": a sum truncated to zero is +0.0 too
     return torch.where(total.abs() >= 2.0**128, torch.copysign(torch.full_like(out, math.inf), out), out)
 
 
@@ -307,13 +321,23 @@ def _mma_sim_tile(a2, sa, b2, sb, width, min_exp_a, min_exp_b) -> torch.Tensor:
     sub = MMA_SIM_SUB_BLOCK
     parts = _block_partials(a2, sa, b2, sb, sub)  # [K/16, M, N] exact FP64
     m, k = a2.shape
-    exp_a = _scale_exponents(sa.reshape(m, k // sub, sub)[:, :, 0].T, min_exp_a)  # [K/16, M]
-    exp_b = _scale_exponents(sb.reshape(k // sub, sub, -1)[:, 0, :], min_exp_b)  # [K/16, N]
+    n = b2.shape[1]
+    # [M, K] -> [K/16, M, 16] @ [K/16, 16, N]: a group has a nonzero product iff the sum of |products| is nonzero
+    magnitudes = torch.bmm(a2.abs().reshape(m, k // sub, sub).transpose(0, 1), b2.abs().reshape(k // sub, sub, n))
+    scale_a = sa.reshape(m, k // sub, sub)[:, :, 0].T  # [K/16, M]
+    scale_b = sb.reshape(k // sub, sub, -1)[:, 0, :]  # [K/16, N]
+    exponents = _group_exponents(
+        _scale_exponents(scale_a, min_exp_a),
+        _scale_exponents(scale_b, min_exp_b),
+        scale_a == 0,
+        scale_b == 0,
+        magnitudes == 0,
+    )
     per_instr = width // sub
     acc = torch.zeros(parts.shape[1:], dtype=torch.float32, device=parts.device)
     for j in range(parts.shape[0] // per_instr):
         chunk = slice(j * per_instr, (j + 1) * per_instr)
-        acc = mma_sim_step(parts[chunk], exp_a[chunk, :, None] + exp_b[chunk, None, :], acc)
+        acc = mma_sim_step(parts[chunk], exponents[chunk], acc)
     return acc
 
 

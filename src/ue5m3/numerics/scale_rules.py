@@ -22,6 +22,16 @@ The tensor-scaled rule (spec 3.1, 3.2) in FP32: G = (T * F) / g (capped at FP32 
 scale u = a_B * (G * (1/F)) in exactly that order (:class:`~ue5m3.numerics.schemes.ScaleOrder` selects TE's older
 order or torchao's); u = min(u, scale max); RNE onto the scale format (scales are never stochastically rounded).
 The MX rules (spec 3.3) read the exponent field of a_B's FP32 bit pattern and never cast.
+
+The 4/6 rule (:func:`four_over_six`) follows fouroversix's PyTorch reference (``fouroversix`` 1.0.5,
+``quantize/pytorch/reference.py``: ``quantize_to_nvfp4`` and ``select_fouroversix``) operation for operation in FP32:
+the 6-candidate u6 = (a_B / F) * G with G = (256 * F) / g, the 4-candidate u4 = u6 * 1.5, each capped and RNE onto the
+scale format; each candidate's payload round_E2M1(x * fp32(1 / (S * (1/G)))) under RNE; its block error from the
+dequantized values ((payload * S) * g) / (T * F), in that order; the 4-candidate kept where its error is strictly
+lower (ties keep 6). The block sums run in the order of torch's CPU sum of a contiguous 16-element FP32 row, which is
+what fouroversix's reference computes on a CPU: two 8-lane vectors added lane by lane, then the eight lanes in order
+from 0 (:func:`block_error_sum`); a 16x16 tile's 256 errors in that sum's order for 32 vectors (four accumulators of
+eight vectors each, added in order, then the lanes). The fused kernels sum in the same order.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import torch
 
 from ue5m3.numerics import formats
 from ue5m3.numerics.formats import FloatFormat, Rounding
-from ue5m3.numerics.schemes import BlockScheme, ScaleOrder, ScaleRule
+from ue5m3.numerics.schemes import BlockScheme, ScaleOrder, ScaleRule, Selection
 
 __all__ = [
     "FP32_MAX",
@@ -48,6 +58,9 @@ __all__ = [
     "mx_ceil",
     "mx_rceil",
     "mx_round_log2",
+    "four_over_six",
+    "block_error_sum",
+    "FOUR_OVER_SIX_FACTOR",
 ]
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -135,6 +148,18 @@ def _power_of_two_scales(exponent: torch.Tensor, scale_fmt: FloatFormat) -> Bloc
     return BlockScales(_power_of_two(exponent), torch.zeros_like(saturated), saturated)
 
 
+def _format_scales(ideal: torch.Tensor, scheme: BlockScheme) -> BlockScales:
+    """Ideal scales capped at the scale format's max, RNE onto it (scales are always RNE), zeros repaired where the
+    scheme says so."""
+    scale_fmt = scheme.scale
+    saturated = ideal > scale_fmt.max_finite
+    values = formats.round_magnitude(torch.clamp(ideal, max=scale_fmt.max_finite), scale_fmt, Rounding.RNE, None)
+    zero = values == 0
+    if scheme.zero_scale_repair:
+        values = torch.where(zero, torch.ones_like(values), values)
+    return BlockScales(values, zero, saturated)
+
+
 def tensor_scaled(
     blocks: torch.Tensor,
     block_amax: torch.Tensor,
@@ -145,15 +170,7 @@ def tensor_scaled(
 ) -> BlockScales:
     """The paper's UE5M3 and TE's NVFP4 block scale: the ideal scale in the scheme's FP32 order, capped at the
     scale format's max and RNE onto it; zero scales repaired to 1.0 where the scheme says so."""
-    scale_fmt = scheme.scale
-    ideal = _ideal_scale(block_amax, tensor_amax, global_scale, scheme)
-    saturated = ideal > scale_fmt.max_finite
-    ideal = torch.clamp(ideal, max=scale_fmt.max_finite)
-    values = formats.round_magnitude(ideal, scale_fmt, Rounding.RNE, None)  # scales are always RNE
-    zero = values == 0
-    if scheme.zero_scale_repair:
-        values = torch.where(zero, torch.ones_like(values), values)
-    return BlockScales(values, zero, saturated)
+    return _format_scales(_ideal_scale(block_amax, tensor_amax, global_scale, scheme), scheme)
 
 
 def _exponent_field_scales(block_amax: torch.Tensor, scheme: BlockScheme, *, ceil: bool) -> BlockScales:
@@ -224,6 +241,69 @@ def mx_round_log2(
     return BlockScales(_power_of_two(exponent), torch.zeros_like(saturated), saturated)
 
 
+FOUR_OVER_SIX_FACTOR = 1.5  # the 4-candidate's ideal scale is the 6-candidate's times 6/4, one FP32 product
+
+
+def block_error_sum(errors: torch.Tensor) -> torch.Tensor:
+    """Sum (..., L) non-negative FP32 errors over the last axis in the order of torch's CPU sum of a contiguous row
+    (what fouroversix's reference computes on a CPU), for L = 16 and L = 256: (..., 1).
+
+    16: lanes k and k + 8 added, then the eight lane sums one after another from 0. 256 (a 16x16 tile): the 32
+    8-lane vectors v_i summed as acc_k = v_k + v_{k+4} + ... + v_{k+28} (k = 0..3, in i order), then
+    ((acc_0 + acc_1) + acc_2) + acc_3, then the lanes in order.
+    """
+    length = errors.shape[-1]
+    if length == 16:
+        lanes = errors[..., :8] + errors[..., 8:]
+    elif length == 256:
+        vectors = errors.reshape(*errors.shape[:-1], 8, 4, 8)  # (..., i, k, lane): vector 4i + k
+        acc = vectors[..., 0, :, :]
+        for i in range(1, 8):
+            acc = acc + vectors[..., i, :, :]
+        lanes = ((acc[..., 0, :] + acc[..., 1, :]) + acc[..., 2, :]) + acc[..., 3, :]
+    else:
+        raise ValueError(f"block_error_sum takes 16 or 256 errors per block, got {length}")
+    total = lanes[..., 0:1]
+    for k in range(1, 8):
+        total = total + lanes[..., k : k + 1]
+    return total
+
+
+def _block_error(
+    blocks: torch.Tensor, scales: torch.Tensor, g: torch.Tensor, global_scale: torch.Tensor, scheme: BlockScheme
+) -> torch.Tensor:
+    """The candidate's block error: its RNE payload dequantized as ((payload * S) * g) / (T * F), in FP32."""
+    element = scheme.element
+    multiplier = torch.clamp(torch.reciprocal(scales * torch.reciprocal(global_scale)), max=FP32_MAX)
+    scaled = torch.clamp(blocks * multiplier, -element.max_finite, element.max_finite)
+    payload = torch.copysign(formats.round_magnitude(scaled.abs(), element, Rounding.RNE, None), scaled)
+    target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * element.max_finite
+    difference = ((payload * scales) * g) / target_f - blocks
+    if scheme.selection is Selection.ABS_MAX:
+        return torch.amax(difference.abs(), dim=-1, keepdim=True)
+    errors = difference.abs() if scheme.selection is Selection.MAE else difference * difference
+    return block_error_sum(errors)
+
+
+def four_over_six(
+    blocks: torch.Tensor,
+    block_amax: torch.Tensor,
+    *,
+    tensor_amax: torch.Tensor,
+    global_scale: torch.Tensor,
+    scheme: BlockScheme,
+) -> BlockScales:
+    """4/6: the block scale that maps a_B to 6 or the one that maps it to 4, whichever gives the lower block error
+    under RNE (6 on ties); diagnostics are the chosen candidate's."""
+    six = _format_scales(_ideal_scale(block_amax, tensor_amax, global_scale, scheme), scheme)
+    four_ideal = _ideal_scale(block_amax, tensor_amax, global_scale, scheme) * FOUR_OVER_SIX_FACTOR
+    four = _format_scales(four_ideal, scheme)
+    take_four = _block_error(blocks, four.values, tensor_amax, global_scale, scheme) < _block_error(
+        blocks, six.values, tensor_amax, global_scale, scheme
+    )
+    return BlockScales(*(torch.where(take_four, f, s) for f, s in zip(four, six, strict=True)))
+
+
 SCALE_RULES: Mapping[ScaleRule, ScaleRuleFunction] = MappingProxyType(
     {
         ScaleRule.TENSOR_SCALED: tensor_scaled,
@@ -231,5 +311,6 @@ SCALE_RULES: Mapping[ScaleRule, ScaleRuleFunction] = MappingProxyType(
         ScaleRule.MX_CEIL: mx_ceil,
         ScaleRule.MX_RCEIL: mx_rceil,
         ScaleRule.MX_ROUND_LOG2: mx_round_log2,
+        ScaleRule.FOUR_OVER_SIX: four_over_six,
     }
 )

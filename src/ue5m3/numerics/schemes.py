@@ -14,10 +14,15 @@ function per name; a scheme holds no code, so it can be written in a config, com
   (torchao's RCEIL, Transformer Engine's ``float_to_e8m0`` and Blackwell's ``cvt.rp.satfinite.ue8m0x2.f32``).
 * ``mx_round_log2`` -- the authors' MXFP4 baseline: a tensor scale as above, then the power of two nearest to
   u in the log domain.
+* ``four_over_six`` -- "Four Over Six" (4/6; mit-han-lab/fouroversix, Transformer Engine's ``nvfp4_4over6``): each
+  block's tensor-scaled scale is computed twice, mapping its amax to 6 and to 4 (the first times 1.5), and the
+  candidate whose RNE payload has the lower block error (``selection``: MAE, MSE or the maximum absolute error)
+  is kept, 6 on ties. The tensor scale's target is 256 in place of 448 so that 1.5 times any E4M3 scale stays
+  finite. Nothing in the rule needs E4M3: ``ue5m3_b16_4over6_*`` makes the same choice over UE5M3 scales.
 
 Dequantization follows each scheme's reference implementation bit for bit (:class:`DequantizeOrder`): the paper's
 kernel for UE5M3, Transformer Engine's dequantize kernel for NVFP4 (finite for every finite input), OCP/torchao
-for MXFP4. :data:`SCHEMES` names the four schemes the recipes use; :func:`get_scheme` looks one up.
+for MXFP4. :data:`SCHEMES` names the schemes the recipes use; :func:`get_scheme` looks one up.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from enum import StrEnum
 
 from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, UE8M0, FloatFormat
 
-__all__ = ["ScaleRule", "ScaleOrder", "DequantizeOrder", "BlockScheme", "SCHEMES", "get_scheme"]
+__all__ = ["ScaleRule", "ScaleOrder", "Selection", "DequantizeOrder", "BlockScheme", "SCHEMES", "get_scheme"]
 
 
 class ScaleRule(StrEnum):
@@ -39,10 +44,21 @@ class ScaleRule(StrEnum):
     MX_CEIL = "mx_ceil"
     MX_RCEIL = "mx_rceil"
     MX_ROUND_LOG2 = "mx_round_log2"
+    FOUR_OVER_SIX = "four_over_six"
 
 
 # the rules whose block scales depend on a tensor reference g (through G = (T * F) / g); the others read only blocks
-_TENSOR_REFERENCED = (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2)
+_TENSOR_REFERENCED = (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2, ScaleRule.FOUR_OVER_SIX)
+# the rules that round onto the scheme's scale format (the MX rules make powers of two)
+_FORMAT_ROUNDED = (ScaleRule.TENSOR_SCALED, ScaleRule.FOUR_OVER_SIX)
+
+
+class Selection(StrEnum):
+    """The block error by which 4/6 chooses between its two candidate scales (fouroversix's scale rules)."""
+
+    MAE = "mae"  # sum of |dequantized - x| over the block (Transformer Engine's default)
+    MSE = "mse"  # sum of (dequantized - x)^2 over the block (fouroversix's default)
+    ABS_MAX = "abs_max"  # max |dequantized - x| over the block
 
 
 class DequantizeOrder(StrEnum):
@@ -76,6 +92,7 @@ class BlockScheme:
         scale_order: see :class:`ScaleOrder` (tensor-scaled rules only).
         zero_scale_repair: replace block scales that round to zero by 1.0 (the paper's UE5M3 rule).
         dequantize_order: see :class:`DequantizeOrder`.
+        selection: the 4/6 rule's block error (``four_over_six`` only; None for every other rule).
     """
 
     name: str
@@ -87,6 +104,7 @@ class BlockScheme:
     scale_order: ScaleOrder = ScaleOrder.TE
     zero_scale_repair: bool = False
     dequantize_order: DequantizeOrder = DequantizeOrder.ENCODED
+    selection: Selection | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
@@ -102,8 +120,16 @@ class BlockScheme:
                 raise ValueError(f"scheme {self.name!r}: target must be positive and finite, got {self.target!r}")
         elif self.target is not None:
             raise ValueError(f"scheme {self.name!r}: rule {self.scale_rule.value!r} takes no target")
-        if self.scale_rule is not ScaleRule.TENSOR_SCALED and self.scale != UE8M0:
+        if self.scale_rule not in _FORMAT_ROUNDED and self.scale != UE8M0:
             raise ValueError(f"scheme {self.name!r}: MX rules need the ue8m0 scale format")
+        if self.scale_rule is ScaleRule.FOUR_OVER_SIX:
+            if self.selection is None:
+                raise ValueError(f"scheme {self.name!r}: four_over_six needs a selection, one of {list(Selection)}")
+            object.__setattr__(self, "selection", Selection(self.selection))
+            if self.block_size != 16:
+                raise ValueError(f"scheme {self.name!r}: four_over_six takes 16-element blocks, got {self.block_size}")
+        elif self.selection is not None:
+            raise ValueError(f"scheme {self.name!r}: rule {self.scale_rule.value!r} takes no selection")
 
     def with_target(self, target: float) -> BlockScheme:
         return dataclasses.replace(self, target=target)
@@ -122,6 +148,36 @@ SCHEMES: dict[str, BlockScheme] = {
     ),
     "mxfp4": BlockScheme(name="mxfp4", scale=UE8M0, block_size=32, target=None, scale_rule=ScaleRule.MX_FLOOR),
 }
+
+
+def _four_over_six(name: str, scale: FloatFormat, selection: Selection, **fields) -> BlockScheme:
+    """A 4/6 scheme: fouroversix's FP32 order for the 6-candidate, (a_B / F) * G (``te_legacy``), target 256."""
+    return BlockScheme(
+        name=name,
+        scale=scale,
+        block_size=16,
+        target=256.0,
+        scale_rule=ScaleRule.FOUR_OVER_SIX,
+        scale_order=ScaleOrder.TE_LEGACY,
+        selection=selection,
+        **fields,
+    )
+
+
+SCHEMES.update(
+    {
+        f"nvfp4_4over6_{s.value}": _four_over_six(
+            f"nvfp4_4over6_{s.value}", E4M3, s, dequantize_order=DequantizeOrder.TE_KERNEL
+        )
+        for s in Selection
+    }
+)
+SCHEMES.update(
+    {
+        f"ue5m3_b16_4over6_{s.value}": _four_over_six(f"ue5m3_b16_4over6_{s.value}", UE5M3, s, zero_scale_repair=True)
+        for s in (Selection.MAE, Selection.MSE)
+    }
+)
 
 
 def get_scheme(scheme: str | BlockScheme) -> BlockScheme:

@@ -23,7 +23,7 @@ from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.layout import BlockLayout
 from ue5m3.numerics.quantized import QuantizedTensor
 from ue5m3.numerics.scale_rules import tensor_factors
-from ue5m3.numerics.schemes import BlockScheme
+from ue5m3.numerics.schemes import BlockScheme, ScaleRule
 
 __all__ = ["KernelCall", "fits_two_axis_kernel", "quantize_on_kernel", "quantize_both_axes_on_triton"]
 
@@ -58,7 +58,17 @@ def _scheme_arguments(scheme: BlockScheme) -> dict:
         "scale_min_exponent": s.min_exponent,
         "scale_max_exponent": s.max_exponent,
         "zero_scale_repair": scheme.zero_scale_repair,
+        "selection": None if scheme.selection is None else scheme.selection.value,
     }
+
+
+def _selection_arguments(scheme: BlockScheme, g: torch.Tensor, *, on_host: bool) -> dict:
+    """What the 4/6 rule reads beyond the other rules' arguments: the tensor reference g (a host float for the CPU
+    kernel, the 0-dim device tensor for Triton) and T * F (the FP32 product); nothing for the other rules."""
+    if scheme.scale_rule is not ScaleRule.FOUR_OVER_SIX:
+        return {}
+    target_f = float(torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite)
+    return {"tensor_amax": float(g) if on_host else g, "target_f": target_f}
 
 
 def quantize_on_kernel(
@@ -88,6 +98,7 @@ def quantize_on_kernel(
         rounding=call.rounding.value,
         random_bits=flat_bits,
         philox=None if stream is None else (stream, *layout.block_indices(call.index, call.name, flat.device)),
+        **_selection_arguments(call.scheme, call.tensor_amax, on_host=kernel != "triton"),
     )
     return _from_kernel(out, call, factors, blocks.shape)
 
@@ -144,6 +155,7 @@ def quantize_both_axes_on_triton(
             base=base,
             stride_row=stride_row,
             stride_col=stride_col,
+            **_selection_arguments(call.scheme, call.tensor_amax, on_host=False),
         )
     scheme = (last or first).scheme
     out_last, out_first = triton_quantize.quantize_both_axes(

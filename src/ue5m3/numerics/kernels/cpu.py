@@ -39,7 +39,8 @@ __all__ = [
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
-_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
+_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3, "four_over_six": 4}
+_SELECTION_IDS = {None: 0, "mae": 0, "mse": 1, "abs_max": 2}
 _told: set[str] = set()
 
 
@@ -69,6 +70,7 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     p, i64, i32, u32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float
     fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p]
     fn.argtypes += [i32, u32, u32, u32, u32, i32, p, i64, i64, i64, p, p, p, p, p]
+    fn.argtypes += [i32, f32, f32]  # 4/6: the selection, the tensor reference g and T * F
     fn.restype = None
     probe = lib.ue5m3_probe_gemm
     probe.argtypes = [p, p, i32, i64, i64, i64, i64, i32, f32, f32, p]
@@ -138,17 +140,23 @@ def quantize_blocks(
     rounding: str,
     random_bits: torch.Tensor | None,
     philox: tuple | None = None,
+    selection: str | None = None,
+    tensor_amax: float = 0.0,
+    target_f: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """Quantize contiguous FP32 blocks ``(n_blocks, L)``; returns the per-element and per-block outputs.
 
     Stochastic modes take explicit ``random_bits`` (shaped like ``blocks``) or ``philox`` = (stream, block base
     indices [n_blocks] int64, inner length, inner stride, outer stride): the kernel then draws the stream's
-    Philox bits at each element's global index itself (see ``csrc/philox.h``).
+    Philox bits at each element's global index itself (see ``csrc/philox.h``). The 4/6 rule also takes its
+    ``selection``, the tensor reference ``tensor_amax`` and ``target_f`` = T * F (blocks of 16 or 256).
     """
     if blocks.dtype != torch.float32 or blocks.device.type != "cpu" or blocks.ndim != 2:
         raise ValueError("the CPU kernel takes a 2-D FP32 CPU tensor of blocks")
     blocks = blocks.contiguous()
     nblocks, length = blocks.shape
+    if rule == "four_over_six" and length not in (16, 256):
+        raise ValueError(f"the CPU kernel's 4/6 rule takes blocks of 16 or 256 elements, got {length}")
     payload = torch.empty_like(blocks)
     per_block = {k: torch.empty(nblocks, dtype=torch.float32) for k in ("block_amax", "scales", "decode")}
     flags = torch.empty(nblocks, dtype=torch.uint8)
@@ -191,6 +199,9 @@ def quantize_blocks(
         per_block["scales"].data_ptr(),
         per_block["decode"].data_ptr(),
         flags.data_ptr(),
+        _SELECTION_IDS[selection],
+        tensor_amax,
+        target_f,
     )
     return {"payload": payload, "flags": flags, **per_block}
 

@@ -438,7 +438,8 @@ def _mma_sim_kernel(
 ):
     """MMA-Sim's Blackwell block-scaled MMA (k = 64, 35 fraction bits), as ``gemm.mma_sim_step``: four 16-element
     sub-block terms at their scale-exponent sums and the FP32 accumulator aligned to the largest exponent, each
-    truncated toward zero 35 bits below it, summed exactly, truncated to FP32 (inf from 2^128)."""
+    truncated toward zero 35 bits below it, summed exactly, truncated to FP32 (inf from 2^128). A zero C, a group
+    whose products are all zero and a group with a zero scale take e_zero = -139 (``mmasim`` 2.1.1)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok, col_ok = rows < m, cols < n
@@ -448,7 +449,8 @@ def _mma_sim_kernel(
     for s in range(0, k, 64):
         acc64 = acc.to(tl.float64)
         biased = (acc.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        top = tl.where(biased == 0, -126, biased - 127).to(tl.int64)  # zero and subnormal C: -126
+        top = tl.where(biased == 0, -126, biased - 127).to(tl.int64)  # subnormal C: -126
+        top = tl.where(acc == 0.0, -139, top)  # zero C: e_zero
         t0 = tl.zeros([BM, BN], dtype=tl.float64)
         t1 = tl.zeros([BM, BN], dtype=tl.float64)
         t2 = tl.zeros([BM, BN], dtype=tl.float64)
@@ -458,12 +460,15 @@ def _mma_sim_kernel(
             pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
             pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
             block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
+            # the sum of |products| is zero iff every product is (exact too): such a group takes e_zero
+            magnitude = tl.dot(tl.abs(pa).to(tl.float16), tl.abs(pb).to(tl.float16), out_dtype=tl.float32)
             j = (s + 16 * q) // BLOCK
             scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + j, mask=row_ok, other=1.0).to(tl.float64)
             scale_b = tl.load(sb_ptr + j * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=1.0).to(tl.float64)
-            ea = tl.where(scale_a == 0, -126, tl.maximum(_exponent64(scale_a), MIN_EXP_A))
-            eb = tl.where(scale_b == 0, -126, tl.maximum(_exponent64(scale_b), MIN_EXP_B))
-            top = tl.maximum(top, ea[:, None] + eb[None, :])
+            ea = tl.maximum(_exponent64(scale_a), MIN_EXP_A)
+            eb = tl.maximum(_exponent64(scale_b), MIN_EXP_B)
+            zero = (scale_a == 0)[:, None] | (scale_b == 0)[None, :] | (magnitude == 0.0)
+            top = tl.maximum(top, tl.where(zero, -139, ea[:, None] + eb[None, :]))
             term = block_sum.to(tl.float64) * (scale_a[:, None] * scale_b[None, :])
             if q == 0:
                 t0 = term
@@ -485,6 +490,7 @@ def _mma_sim_kernel(
         r = total.to(tl.float32)  # RNE, then one step toward zero where it overshot: RTZ
         over = tl.abs(r.to(tl.float64)) > tl.abs(total)
         r = tl.where(over, (r.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), r)
+        r = r + 0.0  # a sum that truncates to zero is +0.0 (MMA-Sim's "-0.0 to +0.0")
         huge = tl.abs(total) >= 340282366920938463463374607431768211456.0  # 2^128
         acc = tl.where(huge, tl.where(total > 0, float("inf"), float("-inf")), r)
     out = acc * tl.load(alpha_ptr)

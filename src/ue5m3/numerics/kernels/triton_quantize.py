@@ -2,9 +2,9 @@
 
 The same FP32 operations in the same order as the torch reference and the C kernel (``csrc/block_quantize.c``),
 on the same block view ``(n_blocks, L)``: block amax, the scheme's scale rule (tensor-scaled in any of the three
-orders, OCP floor, ceil, RCEIL), RNE onto the scale format, zero-scale repair, the decoded scale, the payload
-multiplier by IEEE division (``div_rn``), E2M1 rounding in every mode, and the diagnostics flags. Stochastic modes
-draw Philox4x32-10 bits in the kernel (``tl.philox``, the generator of :mod:`ue5m3.numerics.philox`) at each
+orders, OCP floor, ceil, RCEIL, 4/6 selection), RNE onto the scale format, zero-scale repair, the decoded scale, the
+payload multiplier by IEEE division (``div_rn``), E2M1 rounding in every mode, and the diagnostics flags. Stochastic
+modes draw Philox4x32-10 bits in the kernel (``tl.philox``, the generator of :mod:`ue5m3.numerics.philox`) at each
 element's global index; explicit bits are read instead when given. Launched with FP fusion off, so no multiply
 and add contract into an fma the reference does not compute (sr_te's fma is explicit).
 
@@ -31,7 +31,8 @@ __all__ = ["quantize_blocks", "quantize_both_axes", "AxisRequest", "usable"]
 
 _ROUNDING_IDS = {"rne": 0, "rtz": 1, "sf": 2, "sr_te": 3, "sr": 4}
 _ORDER_IDS = {"te": 0, "te_legacy": 1, "torchao": 2}
-_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3}
+_RULE_IDS = {"tensor_scaled": 0, "mx_floor": 1, "mx_ceil": 2, "mx_rceil": 3, "four_over_six": 4}
+_SELECTION_IDS = {None: 0, "mae": 0, "mse": 1, "abs_max": 2}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a constexpr global: kernels may read only those
 INV_SIX = 0.1666666716337204  # fp32(1/6), the FP32 constant 1/F
@@ -146,19 +147,8 @@ def _scales_of(
     per_tensor = tl.load(scalars_ptr + 2)
     flag = tl.zeros(amax.shape, dtype=tl.int32)
     if RULE == 0:
-        six = tl.full(amax.shape, 6.0, tl.float32)
-        if ORDER == 0:
-            ideal = amax * (global_scale * inv_f)
-        elif ORDER == 1:
-            ideal = tl.math.div_rn(amax, six) * global_scale
-        else:
-            ideal = tl.math.div_rn(tl.math.div_rn(amax, six), tl.full(amax.shape, per_tensor, tl.float32))
-        flag = tl.where(ideal > scale_max, flag | 2, flag)
-        scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
-        zero = scale == 0.0
-        flag = tl.where(zero, flag | 1, flag)
-        if ZERO_REPAIR:
-            scale = tl.where(zero, 1.0, scale)
+        ideal = _ideal_scale(amax, global_scale, per_tensor, inv_f, ORDER)
+        scale, flag = _format_scale(ideal, scale_max, SCALE_MBITS, SCALE_EMIN, ZERO_REPAIR)
     else:
         if RULE == 3:  # RCEIL: the exponent of amax * fp32(1/6), rounded up from its bits
             db = (amax * inv_f).to(tl.int32, bitcast=True)
@@ -177,6 +167,110 @@ def _scales_of(
         # 2^e down to 2^-127 (an FP32 subnormal for the UE8M0 minimum)
         subnormal = tl.full(amax.shape, 1 << 22, tl.int32).to(tl.float32, bitcast=True)
         scale = tl.where(e >= -126, _pow2(tl.maximum(e, -126)), subnormal)
+    decode = scale * global_decode_scale
+    mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
+    return scale, flag, decode, mult
+
+
+@triton.jit
+def _ideal_scale(amax, global_scale, per_tensor, inv_f, ORDER: tl.constexpr):
+    """The ideal tensor-scaled block scale in the scheme's FP32 order: TE's a_B * (G * (1/F)), the legacy
+    (a_B / F) * G, or torchao's (a_B / F) / per_tensor."""
+    six = tl.full(amax.shape, 6.0, tl.float32)
+    if ORDER == 0:
+        ideal = amax * (global_scale * inv_f)
+    elif ORDER == 1:
+        ideal = tl.math.div_rn(amax, six) * global_scale
+    else:
+        ideal = tl.math.div_rn(tl.math.div_rn(amax, six), tl.full(amax.shape, per_tensor, tl.float32))
+    return ideal
+
+
+@triton.jit
+def _format_scale(ideal, scale_max, SCALE_MBITS: tl.constexpr, SCALE_EMIN: tl.constexpr, ZERO_REPAIR: tl.constexpr):
+    """(scale, flags) of ideal tensor-scaled block scales: capped, RNE onto the format, zero repaired."""
+    flag = tl.where(ideal > scale_max, 2, 0)
+    scale = _round_scale_rne(ideal, SCALE_MBITS, SCALE_EMIN, scale_max)
+    zero = scale == 0.0
+    flag = tl.where(zero, flag | 1, flag)
+    if ZERO_REPAIR:
+        scale = tl.where(zero, 1.0, scale)
+    return scale, flag
+
+
+@triton.jit
+def _candidate_error(
+    blocks, scale, global_decode_scale, g, target_f, lane, SELECTION: tl.constexpr, AXIS: tl.constexpr, L: tl.constexpr
+):
+    """4/6's block error of candidate scales ``scale`` (the block shape without ``AXIS``) over ``blocks``: the RNE
+    payload dequantized as ((p * S) * g) / (T * F), minus x, summed along ``AXIS`` in the order of
+    ``scale_rules.block_error_sum`` (``lane``: each element's position in its block, broadcast like ``blocks``).
+    A masked sum of one or two nonzero terms and zeros is those terms' one FP32 sum, so each lane is exact."""
+    mult = tl.minimum(tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * global_decode_scale), FP32_MAX)
+    s = tl.expand_dims(scale, AXIS)
+    payload = _round_e2m1(blocks * tl.expand_dims(mult, AXIS), tl.zeros(blocks.shape, dtype=tl.int64), 0)
+    d = tl.math.div_rn((payload * s) * g, tl.full(blocks.shape, target_f, tl.float32)) - blocks
+    if SELECTION == 2:
+        return tl.max(tl.abs(d), axis=AXIS)
+    if SELECTION == 1:
+        e = d * d
+    else:
+        e = tl.abs(d)
+    if L == 16:
+        total = tl.sum(tl.where((lane == 0) | (lane == 8), e, 0.0), axis=AXIS)
+        for k in tl.static_range(1, 8):
+            total = total + tl.sum(tl.where((lane == k) | (lane == k + 8), e, 0.0), axis=AXIS)
+    else:  # 256 (a 16x16 tile; the one-axis kernel, AXIS = 1): 32 vectors of 8 lanes, four accumulators
+        rows: tl.constexpr = e.shape[0]
+        e3 = tl.reshape(e, [rows, 8, 32])  # (block, i, 8k + lane): vector 4i + k
+        i_index = tl.arange(0, 8)[None, :, None]
+        acc = tl.sum(tl.where(i_index == 0, e3, 0.0), axis=1)
+        for i in tl.static_range(1, 8):
+            acc = acc + tl.sum(tl.where(i_index == i, e3, 0.0), axis=1)
+        a4 = tl.reshape(acc, [rows, 4, 8])
+        k_index = tl.arange(0, 4)[None, :, None]
+        lanes = tl.sum(tl.where(k_index == 0, a4, 0.0), axis=1)
+        for k in tl.static_range(1, 4):
+            lanes = lanes + tl.sum(tl.where(k_index == k, a4, 0.0), axis=1)
+        l_index = tl.arange(0, 8)[None, :]
+        total = tl.sum(tl.where(l_index == 0, lanes, 0.0), axis=1)
+        for k in tl.static_range(1, 8):
+            total = total + tl.sum(tl.where(l_index == k, lanes, 0.0), axis=1)
+    return total
+
+
+@triton.jit
+def _four_over_six_scales(
+    blocks,
+    amax,
+    lane,
+    scalars_ptr,
+    scale_max,
+    inv_f,
+    ORDER: tl.constexpr,
+    SCALE_MBITS: tl.constexpr,
+    SCALE_EMIN: tl.constexpr,
+    ZERO_REPAIR: tl.constexpr,
+    SELECTION: tl.constexpr,
+    AXIS: tl.constexpr,
+    L: tl.constexpr,
+):
+    """4/6 (``scale_rules.four_over_six``): the 6-candidate (the scheme's order) and the 4-candidate (its ideal
+    times 1.5), the second kept where its block error is strictly lower; ``_scales_of``'s outputs. The scalars at
+    ``scalars_ptr`` also hold g and T * F (entries 3 and 4)."""
+    global_scale = tl.load(scalars_ptr)
+    global_decode_scale = tl.load(scalars_ptr + 1)
+    per_tensor = tl.load(scalars_ptr + 2)
+    g = tl.load(scalars_ptr + 3)
+    target_f = tl.load(scalars_ptr + 4)
+    ideal = _ideal_scale(amax, global_scale, per_tensor, inv_f, ORDER)
+    six, flag6 = _format_scale(ideal, scale_max, SCALE_MBITS, SCALE_EMIN, ZERO_REPAIR)
+    four, flag4 = _format_scale(ideal * 1.5, scale_max, SCALE_MBITS, SCALE_EMIN, ZERO_REPAIR)
+    error6 = _candidate_error(blocks, six, global_decode_scale, g, target_f, lane, SELECTION, AXIS, L)
+    error4 = _candidate_error(blocks, four, global_decode_scale, g, target_f, lane, SELECTION, AXIS, L)
+    take_four = error4 < error6
+    scale = tl.where(take_four, four, six)
+    flag = tl.where(take_four, flag4, flag6)
     decode = scale * global_decode_scale
     mult = tl.minimum(tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), decode), FP32_MAX)
     return scale, flag, decode, mult
@@ -223,6 +317,7 @@ def _quantize_kernel(
     ZERO_REPAIR: tl.constexpr,
     EXPLICIT_BITS: tl.constexpr,
     BIT_COUNT: tl.constexpr,
+    SELECTION: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
     cols = tl.arange(0, L_POW2)
@@ -231,9 +326,26 @@ def _quantize_kernel(
     offsets = rows[:, None].to(tl.int64) * L + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     amax = tl.max(tl.abs(x), axis=1)
-    scale, flag, decode, mult = _scales_of(
-        amax, scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
-    )
+    if RULE == 4:
+        scale, flag, decode, mult = _four_over_six_scales(
+            x,
+            amax,
+            cols[None, :],
+            scalars_ptr,
+            scale_max,
+            inv_f,
+            ORDER,
+            SCALE_MBITS,
+            SCALE_EMIN,
+            ZERO_REPAIR,
+            SELECTION,
+            1,
+            L,
+        )
+    else:
+        scale, flag, decode, mult = _scales_of(
+            amax, scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
+        )
     _store_blocks(amax_ptr, scale_ptr, decode_ptr, flags_ptr, rows, row_ok, amax, scale, decode, flag)
     r = tl.zeros([BLOCKS, L_POW2], dtype=tl.int64)
     if MODE >= 2:
@@ -294,6 +406,7 @@ def _quantize_both_axes_kernel(
     FIRST: tl.constexpr,
     FIRST_MODE: tl.constexpr,
     FIRST_BITS: tl.constexpr,
+    SELECTION: tl.constexpr,
 ):
     """One read of a [TILE_ROWS, TILE_COLS] tile of x [rows, cols] (both multiples of L), two quantizations:
 
@@ -311,9 +424,26 @@ def _quantize_both_axes_kernel(
     if LAST:
         blocks = tl.reshape(x, [TILE_ROWS, TILE_COLS // L, L])
         amax = tl.max(tl.abs(blocks), axis=2)  # [TILE_ROWS, TILE_COLS / L]
-        scale, flag, decode, mult = _scales_of(
-            amax, last_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
-        )
+        if RULE == 4:
+            scale, flag, decode, mult = _four_over_six_scales(
+                blocks,
+                amax,
+                tl.arange(0, L)[None, None, :],
+                last_scalars_ptr,
+                scale_max,
+                inv_f,
+                ORDER,
+                SCALE_MBITS,
+                SCALE_EMIN,
+                ZERO_REPAIR,
+                SELECTION,
+                2,
+                L,
+            )
+        else:
+            scale, flag, decode, mult = _scales_of(
+                amax, last_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
+            )
         stream = (last_seed, last_step, last_microbatch)
         bits = _tile_bits(r, c, last_base, last_stride_row, last_stride_col, *stream, LAST_MODE, LAST_BITS)
         scaled = blocks * mult[:, :, None]
@@ -331,9 +461,26 @@ def _quantize_both_axes_kernel(
     if FIRST:
         blocks = tl.reshape(x, [TILE_ROWS // L, L, TILE_COLS])
         amax = tl.max(tl.abs(blocks), axis=1)  # [TILE_ROWS / L, TILE_COLS]
-        scale, flag, decode, mult = _scales_of(
-            amax, first_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
-        )
+        if RULE == 4:
+            scale, flag, decode, mult = _four_over_six_scales(
+                blocks,
+                amax,
+                tl.arange(0, L)[None, :, None],
+                first_scalars_ptr,
+                scale_max,
+                inv_f,
+                ORDER,
+                SCALE_MBITS,
+                SCALE_EMIN,
+                ZERO_REPAIR,
+                SELECTION,
+                1,
+                L,
+            )
+        else:
+            scale, flag, decode, mult = _scales_of(
+                amax, first_scalars_ptr, scale_max, inv_f, RULE, ORDER, SCALE_MBITS, SCALE_EMIN, SCALE_EMAX, ZERO_REPAIR
+            )
         stream = (first_seed, first_step, first_microbatch)
         bits = _tile_bits(r, c, first_base, first_stride_row, first_stride_col, *stream, FIRST_MODE, FIRST_BITS)
         scaled = blocks * mult[:, None, :]
@@ -366,8 +513,13 @@ def quantize_blocks(
     rounding: str,
     random_bits: torch.Tensor | None,
     philox: tuple | None = None,
+    selection: str | None = None,
+    tensor_amax: torch.Tensor | float = 0.0,
+    target_f: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """The Triton twin of :func:`ue5m3.numerics.kernels.cpu.quantize_blocks` (same arguments and outputs)."""
+    if rule == "four_over_six" and blocks.shape[-1] not in (16, 256):
+        raise ValueError(f"the Triton kernel's 4/6 rule takes blocks of 16 or 256 elements, got {blocks.shape[-1]}")
     if blocks.dtype != torch.float32 or blocks.ndim != 2:
         raise ValueError("the Triton kernel takes a 2-D FP32 tensor of blocks")
     reason = usable(blocks.device)
@@ -393,7 +545,7 @@ def quantize_blocks(
     scalars = torch.stack(
         [
             torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
-            for v in (global_scale, global_decode_scale, per_tensor)
+            for v in (global_scale, global_decode_scale, per_tensor, tensor_amax, target_f)
         ]
     )  # device-side: nothing is read back to the host
     blocks_per_program = max(1, 1024 // max(triton.next_power_of_2(length), 1))
@@ -429,6 +581,7 @@ def quantize_blocks(
             ZERO_REPAIR=bool(zero_scale_repair),
             EXPLICIT_BITS=explicit,
             BIT_COUNT=_BIT_COUNTS[rounding],
+            SELECTION=_SELECTION_IDS[selection],
             enable_fp_fusion=False,
         )
     return {"payload": payload, "flags": flags, **per_block}
@@ -448,6 +601,8 @@ class AxisRequest:
     base: int = 0
     stride_row: int = 0
     stride_col: int = 0
+    tensor_amax: torch.Tensor | float = 0.0  # g and T * F: read by the 4/6 rule only
+    target_f: float = 1.0
 
 
 TILE_ROWS = TILE_COLS = 64  # elements of x per program of the two-axis kernel (multiples of every block size)
@@ -466,6 +621,7 @@ def quantize_both_axes(
     zero_scale_repair: bool,
     last: AxisRequest | None,
     first: AxisRequest | None,
+    selection: str | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
     """Block quantization of a 2-D FP32 ``x`` [rows, cols] (both multiples of ``block``) along its last axis
     (``last``) and along its first axis (``first``) from one read of x; either may be None (not computed).
@@ -494,12 +650,18 @@ def quantize_both_axes(
 
     def arguments(request: AxisRequest | None, out: dict | None) -> list:
         if request is None:  # placeholders of the right kinds; the kernel never touches them
-            dummy = torch.zeros(3, dtype=torch.float32, device=device)
+            dummy = torch.zeros(5, dtype=torch.float32, device=device)
             return [dummy, dummy, dummy, dummy, dummy, dummy, 0, 0, 0, 0, 0, 0]
         scalars = torch.stack(
             [
                 torch.as_tensor(v, dtype=torch.float32, device=device).reshape(())
-                for v in (request.global_scale, request.global_decode_scale, request.per_tensor)
+                for v in (
+                    request.global_scale,
+                    request.global_decode_scale,
+                    request.per_tensor,
+                    request.tensor_amax,
+                    request.target_f,
+                )
             ]
         )
         stream = request.stream
@@ -544,6 +706,7 @@ def quantize_both_axes(
             FIRST=first is not None,
             FIRST_MODE=_ROUNDING_IDS[first.rounding] if first is not None else 0,
             FIRST_BITS=_BIT_COUNTS[first.rounding] if first is not None else 0,
+            SELECTION=_SELECTION_IDS[selection],
             enable_fp_fusion=False,
         )
     return last_out, first_out

@@ -17,7 +17,8 @@
 
 enum { RNE = 0, RTZ = 1, SF = 2, SR_TE = 3, SR = 4 };
 enum { ORDER_TE = 0, ORDER_TE_LEGACY = 1, ORDER_TORCHAO = 2 };
-enum { RULE_TENSOR_SCALED = 0, RULE_MX_FLOOR = 1, RULE_MX_CEIL = 2, RULE_MX_RCEIL = 3 };
+enum { RULE_TENSOR_SCALED = 0, RULE_MX_FLOOR = 1, RULE_MX_CEIL = 2, RULE_MX_RCEIL = 3, RULE_FOUR_OVER_SIX = 4 };
+enum { SELECT_MAE = 0, SELECT_MSE = 1, SELECT_ABS_MAX = 2 };
 
 static inline uint32_t bits_of(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float float_of(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
@@ -60,6 +61,59 @@ static inline float round_magnitude(float v, int mbits, int emin, float maxf, in
     return out > maxf ? maxf : out;
 }
 
+/* The tensor-scaled block scale of an ideal scale u: capped at the format's max, RNE onto it, zero repaired. */
+static float format_scale(float ideal, float target_scale_max, int scale_mbits, int scale_emin, int zero_repair,
+                          uint8_t *flag) {
+    *flag = 0;
+    if (ideal > target_scale_max) *flag |= 2;
+    float scale = round_magnitude(ideal, scale_mbits, scale_emin, target_scale_max, RNE, 0);
+    if (scale == 0.0f) {
+        *flag |= 1;
+        if (zero_repair) scale = 1.0f;
+    }
+    return scale;
+}
+
+/* 4/6's error of one candidate scale: the RNE payload dequantized as ((p * S) * g) / (T * F), minus x; summed in the
+ * order of torch's CPU sum of a contiguous row (ue5m3.numerics.scale_rules.block_error_sum): for 16 elements lanes
+ * k and k + 8 first, then the eight lanes in order; for 256, four accumulators of eight 8-lane vectors each. */
+static float candidate_error(const float *xb, int64_t L, float scale, float global_decode_scale, float g,
+                             float target_f, int selection) {
+    const float fp32_max = 3.4028234663852886e38f;
+    float mult = 1.0f / (scale * global_decode_scale);
+    if (mult > fp32_max) mult = fp32_max;
+    float e[256];
+    float worst = 0.0f;
+    for (int64_t i = 0; i < L; ++i) {
+        float v = xb[i] * mult;
+        if (v > 6.0f) v = 6.0f;
+        if (v < -6.0f) v = -6.0f;
+        float mag = round_magnitude(float_of(bits_of(v) & 0x7FFFFFFFu), 1, 0, 6.0f, RNE, 0);
+        float p = float_of(bits_of(mag) | (bits_of(v) & 0x80000000u));
+        float d = ((p * scale) * g) / target_f - xb[i];
+        float a = d < 0 ? -d : d;
+        e[i] = selection == SELECT_MSE ? d * d : a;
+        worst = a > worst ? a : worst;
+    }
+    if (selection == SELECT_ABS_MAX) return worst;
+    float lanes[8];
+    if (L == 16) {
+        for (int k = 0; k < 8; ++k) lanes[k] = e[k] + e[k + 8];
+    } else { /* 256 */
+        float acc[4][8];
+        for (int k = 0; k < 4; ++k)
+            for (int l = 0; l < 8; ++l) {
+                float t = e[k * 8 + l];
+                for (int i = 1; i < 8; ++i) t = t + e[(4 * i + k) * 8 + l];
+                acc[k][l] = t;
+            }
+        for (int l = 0; l < 8; ++l) lanes[l] = ((acc[0][l] + acc[1][l]) + acc[2][l]) + acc[3][l];
+    }
+    float total = lanes[0];
+    for (int k = 1; k < 8; ++k) total = total + lanes[k];
+    return total;
+}
+
 /* Quantize nblocks contiguous blocks of length L.
  *
  * x: input (nblocks * L); payload: E2M1 values out; block_amax, scale_values, decode_scales: per-block outputs;
@@ -74,7 +128,8 @@ static void quantize_block(const float *xb, int64_t L, int rule, int order, floa
                            int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *bits,
                            const uint32_t *words, const philox_stream *stream, int64_t base, int64_t inner_len,
                            int64_t inner_stride, int64_t outer_stride, float *pb, float *amax_out,
-                           float *scale_out, float *decode_out, uint8_t *flag_out) {
+                           float *scale_out, float *decode_out, uint8_t *flag_out, int selection, float g,
+                           float target_f) {
     const float element_max = 6.0f;
     const float inv_f = 1.0f / 6.0f; /* the FP32 constant 1/F */
     const float fp32_max = 3.4028234663852886e38f;
@@ -85,16 +140,22 @@ static void quantize_block(const float *xb, int64_t L, int rule, int order, floa
     }
     float scale;
     uint8_t flag = 0;
-    if (rule == RULE_TENSOR_SCALED) {
+    if (rule == RULE_TENSOR_SCALED || rule == RULE_FOUR_OVER_SIX) {
         float ideal;
         if (order == ORDER_TE) ideal = amax * (global_scale * inv_f);
         else if (order == ORDER_TE_LEGACY) ideal = (amax / element_max) * global_scale;
         else ideal = (amax / element_max) / per_tensor;
-        if (ideal > target_scale_max) flag |= 2;
-        scale = round_magnitude(ideal, scale_mbits, scale_emin, target_scale_max, RNE, 0);
-        if (scale == 0.0f) {
-            flag |= 1;
-            if (zero_repair) scale = 1.0f;
+        scale = format_scale(ideal, target_scale_max, scale_mbits, scale_emin, zero_repair, &flag);
+        if (rule == RULE_FOUR_OVER_SIX) {
+            /* the 4-candidate: the 6-candidate's ideal times 1.5; kept where its error is strictly lower */
+            uint8_t flag4;
+            float four = format_scale(ideal * 1.5f, target_scale_max, scale_mbits, scale_emin, zero_repair, &flag4);
+            float error4 = candidate_error(xb, L, four, global_decode_scale, g, target_f, selection);
+            float error6 = candidate_error(xb, L, scale, global_decode_scale, g, target_f, selection);
+            if (error4 < error6) {
+                scale = four;
+                flag = flag4;
+            }
         }
     } else {
         int e;
@@ -193,7 +254,7 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule,
                            int use_philox, uint32_t k0, uint32_t k1, uint32_t step, uint32_t microbatch,
                            int bit_count, const int64_t *block_base, int64_t inner_len, int64_t inner_stride,
                            int64_t outer_stride, float *payload, float *block_amax, float *scale_values,
-                           float *decode_scales, uint8_t *flags) {
+                           float *decode_scales, uint8_t *flags, int selection, float tensor_amax, float target_f) {
     philox_stream stream = {k0, k1, step, microbatch, bit_count};
     const philox_stream *sp = use_philox && mode != RNE && mode != RTZ ? &stream : NULL;
     int per = sp ? philox_per_counter(bit_count) : 1;
@@ -217,6 +278,6 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule,
                            random_bits ? random_bits + b * L : NULL,
                            filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0,
                            inner_len, inner_stride, outer_stride, payload + b * L, block_amax + b,
-                           scale_values + b, decode_scales + b, flags + b);
+                           scale_values + b, decode_scales + b, flags + b, selection, tensor_amax, target_f);
     }
 }

@@ -1,0 +1,109 @@
+"""4/6 block-scale selection ("Four Over Six"): fouroversix's PyTorch reference bit for bit where its arithmetic
+defines the result, its FP32 order (the 6-candidate (a_B / 6) * G, the 4-candidate times 1.5, errors from
+((p * S) * g) / (T * F), torch's CPU row-sum order, ties to 6), and the same bits on every backend
+(tests/test_cpu_kernel.py and tests/test_triton_quantize.py run the 4/6 schemes too)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from ue5m3.numerics.quantize import quantize
+from ue5m3.numerics.scale_rules import block_error_sum
+from ue5m3.numerics.schemes import BlockScheme, ScaleRule, Selection, get_scheme
+
+
+def _wide(seed: int, rows: int = 128, cols: int = 256, tiles: bool = False) -> torch.Tensor:
+    """Gaussian blocks spread over 2^+-12 (many E4M3 subnormal scales), a Student-t tensor on odd seeds."""
+    g = torch.Generator().manual_seed(seed)
+    if seed % 2:
+        return torch.distributions.StudentT(3.0).sample((rows, cols)) * 3
+    spread = torch.exp2(torch.randn(rows // (16 if tiles else 1), cols // 16, generator=g) * 3)
+    if tiles:
+        spread = spread.repeat_interleave(16, 0)
+    return torch.randn(rows, cols, generator=g) * spread.repeat_interleave(16, 1)
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["blocks", "tiles"])
+@pytest.mark.parametrize("selection", ["mae", "mse", "abs_max"])
+@pytest.mark.parametrize("seed", range(3))
+def test_4over6_equals_fouroversix_reference_where_its_arithmetic_defines_the_result(selection, two_d, seed):
+    pytest.importorskip("fouroversix", reason="fouroversix is not installed (pip install 'ue5m3[conformance]')")
+    from ue5m3.conformance.adapters.fouroversix import reference_quantize, undefined_blocks
+
+    x = _wide(seed, tiles=two_d)
+    payload, scales = reference_quantize(x, selection, two_d=two_d)
+    q = quantize(x, f"nvfp4_4over6_{selection}", two_d=two_d, backend="torch")
+    undefined = undefined_blocks(payload, scales, two_d=two_d)
+    assert int(undefined.sum()) < undefined.numel() // 20  # the comparison covers nearly every block
+    defined = ~undefined
+    assert torch.equal(q.scales[defined], scales[defined])
+    per_element = defined.repeat_interleave(16, 1)
+    if two_d:
+        per_element = per_element.repeat_interleave(16, 0)
+    assert torch.equal(q.payload[per_element], payload[per_element])
+
+
+def test_fouroversix_static_6_is_nvfp4_in_the_legacy_order():
+    """fouroversix's static_6 (plain NVFP4) forms the block scale as (a_B / 6) * G: the ``te_legacy`` order."""
+    pytest.importorskip("fouroversix", reason="fouroversix is not installed (pip install 'ue5m3[conformance]')")
+    from ue5m3.conformance.adapters.fouroversix import reference_quantize, undefined_blocks
+
+    x = _wide(0)
+    payload, scales = reference_quantize(x, "static_6")
+    defined = ~undefined_blocks(payload, scales)
+    q = quantize(x, dataclasses.replace(get_scheme("nvfp4"), scale_order="te_legacy"), backend="torch")
+    assert torch.equal(q.scales[defined], scales[defined])
+
+
+def test_block_error_sum_is_torchs_cpu_row_sum_order():
+    """On this CPU, torch's sum of a contiguous 16- or 256-element FP32 row is the order block_error_sum spells."""
+    g = torch.Generator().manual_seed(4)
+    for length in (16, 256):
+        e = (torch.randn(20000, length, generator=g) * torch.exp2(torch.randn(20000, 1, generator=g) * 8)) ** 2
+        assert torch.equal(block_error_sum(e).squeeze(-1), e.sum(-1))
+    sequential = e[:, :1]
+    for k in range(1, 256):
+        sequential = sequential + e[:, k : k + 1]
+    assert not torch.equal(block_error_sum(e), sequential)  # the order matters at these magnitudes
+
+
+def test_a_block_near_four_takes_the_four_candidate_and_ties_take_six():
+    """g = 4, so G = 1536 / 4 = 384: the 6-candidate is 256 (payload 4.5 rounds to 4, an error), the 4-candidate
+    384 represents [4, 3, 2, 1] exactly; an all-zero block and a one-value block have equal errors: 6 (256)."""
+    x = torch.zeros(3, 16)
+    x[0] = torch.tensor([4.0, 3.0, 2.0, 1.0] * 4)
+    x[2, 0] = 4.0
+    for selection in Selection:
+        q = quantize(x, f"nvfp4_4over6_{selection.value}", backend="torch")
+        assert q.scales.flatten().tolist() == [384.0, 0.0, 256.0], selection
+        assert torch.equal(q.payload[0], x[0])
+
+
+def test_ue5m3_4over6_chooses_over_ue5m3_scales_and_repairs_zero_scales():
+    x = _wide(2)
+    x[0] = 0.0
+    q = quantize(x, "ue5m3_b16_4over6_mse", backend="torch")
+    assert q.scheme.scale.name == "ue5m3" and q.scheme.scale_rule is ScaleRule.FOUR_OVER_SIX
+    assert torch.equal(q.scales[0], torch.ones_like(q.scales[0]))  # zero blocks: repaired to 1.0
+    plain = quantize(x, get_scheme("ue5m3_b16").with_target(256.0), backend="torch")
+    chosen_four = q.scales != plain.scales
+    assert 0.05 < float(chosen_four.float().mean()) < 0.95  # both candidates are chosen somewhere
+    err = ((q.dequantize() - x) ** 2).sum()
+    assert float(err) < float(((plain.dequantize() - x) ** 2).sum())  # the selection lowers the error
+
+
+def test_4over6_schemes_are_refused_without_a_selection_or_with_other_blocks():
+    with pytest.raises(ValueError, match="needs a selection"):
+        BlockScheme(name="x", scale=get_scheme("nvfp4").scale, block_size=16, target=256.0, scale_rule="four_over_six")
+    with pytest.raises(ValueError, match="16-element blocks"):
+        BlockScheme(
+            name="x",
+            scale=get_scheme("nvfp4").scale,
+            block_size=32,
+            target=256.0,
+            scale_rule="four_over_six",
+            selection="mse",
+        )
+    with pytest.raises(ValueError, match="takes no selection"):
+        BlockScheme(name="x", scale=get_scheme("nvfp4").scale, block_size=16, target=448.0, selection="mse")
