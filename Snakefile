@@ -20,6 +20,7 @@ include: "workflow/rules/training.smk"
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/identification.smk"
 include: "workflow/rules/throughput.smk"
+include: "workflow/rules/conformance.smk"
 
 
 # Run on the submitting machine, never sent to SLURM as jobs: the targets, the run configs, the summaries and
@@ -37,6 +38,7 @@ localrules:
     identification_figures,
     grid_control_figures,
     throughput_figures,
+    conformance_figures,
 
 
 rule all:

@@ -75,6 +75,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("identification", "Modelling native NVFP4 GEMM outputs", "section 6 and appendix B", 9),
     Stage("grid_control", "The grid-regression control", "appendix C", 10),
     Stage("throughput", "Native NVFP4 execution ablation", "section 7.6 (table 10)", 11),
+    Stage("conformance", "Conformance with other FP4 implementations", "none, beyond the paper", 12),
 )
 
 _SCALE = (
@@ -435,6 +436,35 @@ def stage_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+FIGURES += (
+    Figure(
+        "conformance",
+        "pdf",
+        "conformance_figures",
+        "figure",
+        "conformance",
+        "The FP4 conformance matrix",
+        "Each operation (rows) against each peer implementation (columns), run on the CPU on one corpus of tensors "
+        "(Gaussian, heavy-tailed, outlier channels, E2M1 and scale-code midpoints, FP32 extremes, zeros, signed "
+        "zeros, a ragged shape, NaN/inf for the casts): green bit-exact, yellow within N ulp, blue equal in "
+        "distribution (the test's p-value), red different (the cell names the known difference that explains it, "
+        "its counterexample is in results/conformance/counterexamples/), grey not installed (pip install "
+        "'ue5m3[conformance]') or not run. Transformer Engine needs CUDA: its column is a transcription of its "
+        "reference code at the commit named in the table. Beyond the paper.",
+    ),
+    Figure(
+        "conformance_matrix",
+        "csv",
+        "conformance_figures",
+        "table",
+        "conformance",
+        "The FP4 conformance matrix as a table",
+        "One row per cell: the verdict, its detail (ulp, test and p-value), the elements compared, differing and "
+        "excluded (outside what the peer's arithmetic defines), the known differences with their causes, the "
+        "counterexample file, the peer's version and whether its own code or a transcription ran.",
+    ),
+)
+
 PRODUCERS: tuple[tuple[str, str], ...] = (
     ("results/range_analysis/*", "range_analysis"),
     ("results/accumulation/*", "accumulation_stats"),
@@ -448,6 +478,7 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("results/identify/parity/*", "identify_parity"),
     ("results/identify/grid_control/*", "grid_control"),
     ("results/throughput/*", "throughput"),
+    ("results/conformance/*", "conformance"),
 )
 """The rule that writes each part of ``results/`` (a figure notebook run by hand names it for a missing input)."""
 

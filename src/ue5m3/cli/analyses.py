@@ -61,7 +61,25 @@ def _formats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _conformance(args: argparse.Namespace) -> int:
+    from ue5m3.conformance import run as conformance
+
+    cfg = argtypes.load_stage_config(conformance.ConformanceConfig, args.config)
+    return argtypes.print_paths(conformance.run(cfg, args.out_dir))
+
+
 def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
+    p = sub.add_parser(
+        "conformance",
+        help="the FP4 conformance matrix: every installed peer implementation against this one on one corpus",
+        description="Write conformance.csv (one judged cell per operation and peer), conformance.json (the peers' "
+        "versions, the corpus's SHA-256, the known differences) and counterexamples/*.pt (beyond the paper; "
+        "peers: pip install 'ue5m3[conformance]').",
+    )
+    argtypes.add_config_option(p, "ue5m3.conformance.run.ConformanceConfig")
+    p.add_argument("--out-dir", required=True, help="directory for the matrix")
+    verbs["conformance"] = _conformance
+
     p = sub.add_parser(
         "range-analysis",
         help="format facts, codebooks, stale-growth headroom and the worked scale-placement example",

@@ -278,7 +278,7 @@ def _modelopt_nvfp4(case: Case) -> Outcome | None:
     out.explained["modelopt_scale_order"] = _block_mask(as_torchao.scales != q.scales, 16)
     # the payload this project's scales give when x is divided by the decoded scale, as ModelOpt does
     decoded = (q.scales * (case.x.abs().max() / 2688.0)).repeat_interleave(16, -1)[:, : case.x.shape[1]]
-    divided = formats.round(torch.clamp(case.x / decoded, -6.0, 6.0), "e2m1", "rne")
+    divided = formats.round(torch.clamp(torch.nan_to_num(case.x / decoded, nan=0.0), -6.0, 6.0), "e2m1", "rne")
     by_division = (divided == payload) & (divided != q.payload)
     out.explained["modelopt_division"] = _flat(torch.zeros_like(q.scales), by_division).bool()
     out.explained["zero_scale_payload"] = _block_mask(q.scales == 0, 16)

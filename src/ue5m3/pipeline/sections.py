@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ue5m3.conformance.run import ConformanceConfig
 from ue5m3.data import DataConfig
 from ue5m3.data.hub import TokenizerSource
 from ue5m3.evaluation.inference import InferencePolicy
@@ -334,6 +335,7 @@ class PipelineConfig:
         results_dir: where rules write tables (relative to the repository root, or absolute).
         figures_dir: where the notebooks write the figures.
         range_analysis: the range analysis of the block-scale formats.
+        conformance: the FP4 conformance matrix against the peer implementations (beyond the paper).
         accumulation: the statistics of the probe-matched FP32 accumulation.
         data: the pretraining data.
         tokenizer_source: a pinned hub tokenizer that rule fetch_tokenizer downloads into ``data.tokenizer_path``;
@@ -349,6 +351,7 @@ class PipelineConfig:
     results_dir: str = "results"
     figures_dir: str = "figures"
     range_analysis: RangeAnalysisConfig = field(default_factory=RangeAnalysisConfig)
+    conformance: ConformanceConfig = field(default_factory=ConformanceConfig)
     accumulation: AccumulationConfig = field(default_factory=AccumulationConfig)
     data: DataConfig
     tokenizer_source: TokenizerSource | None = None
