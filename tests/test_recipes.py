@@ -44,9 +44,11 @@ LATE_LAYERS = tuple(range(44, 52))
 NAMED = [
     "bf16",
     "mxfp4",
+    "nvfp4_4over6",
     "nvfp4_no_rht_all_linears",
     "nvfp4_te",
     "ue5m3_b16",
+    "ue5m3_b16_4over6",
     "ue5m3_b32",
     "ue5m3_te_settings",
     "ue5m3_torch_control",
@@ -159,6 +161,19 @@ def test_nvfp4_recipes():
     assert te.native_te and no_rht.native_te and te.scheme == no_rht.scheme == "nvfp4"
     assert te.roles[OperandRole.UPSTREAM_GRADIENT].rounding is Rounding.SR_TE
     assert no_rht.bf16_layers == () and not any(s.rht for s in no_rht.operand_specs("x", 45).values())
+
+
+def test_4over6_recipes_select_over_nvfp4_and_ue5m3_scales():
+    """nvfp4_4over6 is nvfp4_te with TE's 4/6 (MAE) scheme and T = 256 everywhere, emulated; ue5m3_b16_4over6 is the
+    proposed recipe with 4/6 (MSE) over UE5M3 scales, its targets and override unchanged."""
+    four, te = recipes.get("nvfp4_4over6"), recipes.get("nvfp4_te")
+    assert four.scheme == "nvfp4_4over6_mae" and not four.native_te
+    assert {role: spec.target for role, spec in four.roles.items()} == dict.fromkeys(te.roles, 256.0)
+    assert four.roles[OperandRole.UPSTREAM_GRADIENT].rounding is Rounding.SR_TE
+    assert (four.bf16_layers, four.interval, four.gemm) == (te.bf16_layers, te.interval, te.gemm)
+    ue, proposed = recipes.get("ue5m3_b16_4over6"), recipes.get("ue5m3_b16")
+    assert ue.scheme == "ue5m3_b16_4over6_mse" and ue.interval == 50
+    assert (ue.roles, ue.target_overrides, ue.gemm) == (proposed.roles, proposed.target_overrides, proposed.gemm)
 
 
 def test_mxfp4_and_bf16_recipes():
@@ -550,8 +565,10 @@ def test_recipe_gemm_models_are_the_gemm_layers_output_models_plus_bf16():
 # ----- layers named relative to the model's depth --------------------------------------------------------
 
 # What the packaged recipes named by absolute index before they counted layers from the model's end.
-FORMER_BF16_LAYERS = {"nvfp4_te": LATE_LAYERS, "ue5m3_te_settings": LATE_LAYERS}
-FORMER_OVERRIDE_LAYERS = {name: LATE_LAYERS for name in ("ue5m3_b16", "ue5m3_b32", "ue5m3_torch_control")}
+FORMER_BF16_LAYERS = {"nvfp4_te": LATE_LAYERS, "ue5m3_te_settings": LATE_LAYERS, "nvfp4_4over6": LATE_LAYERS}
+FORMER_OVERRIDE_LAYERS = {
+    name: LATE_LAYERS for name in ("ue5m3_b16", "ue5m3_b32", "ue5m3_torch_control", "ue5m3_b16_4over6")
+}  # (the 4/6 recipes came later, with the relative selectors: they hold the same layers)
 
 
 @pytest.mark.parametrize("name", NAMED)
