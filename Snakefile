@@ -10,10 +10,13 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-report: "workflow/report/workflow.rst"
-
-
 include: "workflow/rules/common.smk"
+
+
+# the front page: workflow/report/workflow.rst and the claims table (common.smk)
+report: report_front_page()
+
+
 include: "workflow/rules/range_analysis.smk"
 include: "workflow/rules/accumulation.smk"
 include: "workflow/rules/training.smk"
@@ -21,6 +24,7 @@ include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/identification.smk"
 include: "workflow/rules/throughput.smk"
 include: "workflow/rules/conformance.smk"
+include: "workflow/rules/claims.smk"
 
 
 # Run on the submitting machine, never sent to SLURM as jobs: the targets, the run configs, the summaries and
@@ -39,6 +43,7 @@ localrules:
     grid_control_figures,
     throughput_figures,
     conformance_figures,
+    claims_figures,
 
 
 rule all:

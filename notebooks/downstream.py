@@ -27,12 +27,12 @@
 #
 # - **`downstream.pdf`**, top row: accuracy in percent, ours (mean over seeds, error bars the seed range) beside
 #   the paper's 8B. A CPU-scale model scores near chance on a few examples per task (the caption states how many),
-#   so the levels do not compare. Bottom row: each recipe's accuracy minus BF16's in points on both sides, the
-#   comparable quantity. Read against section 7.5: at 8B every FP4 recipe trails BF16 on Core 9 and MMLU, and
-#   proposed B16 minus TE NVFP4 is +0.13, +1.01 and +0.01 points on Core 9, MMLU and MMLU-Pro MC.
-# - **`downstream_vs_paper.csv`**: both sides' accuracies and gaps to BF16 with `difference`,
-#   `relative_difference`, `tolerance` and `agrees`; the verdict is qualitative (the same sign of the gap to BF16)
-#   and at CPU scale mostly decided by sampling noise, which the tolerance column says.
+#   so the levels do not compare. Bottom row: each recipe's accuracy minus BF16's of the same seed in points (ours:
+#   mean and 95% t interval over seeds), beside the paper's, with each pair's verdict. Read against section 7.5: at
+#   8B every FP4 recipe trails BF16 on Core 9 and MMLU, and proposed B16 minus TE NVFP4 is +0.13, +1.01 and +0.01
+#   points on Core 9, MMLU and MMLU-Pro MC (the claims table decides those).
+# - **`downstream_vs_paper.csv`**: per benchmark and recipe, both sides' accuracies, our paired effect against BF16
+#   (`effect`, `interval_low`, `interval_high`, `mde`), the paper's effect and the `verdict`.
 
 # %%
 import json
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ue5m3 import reference
+from ue5m3 import plotting, reference, stages
 from ue5m3.experiments import comparisons
 from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
@@ -67,13 +67,14 @@ setup = scale_caption(
     {
         "model": first["model"],
         "checkpoint": first["checkpoint_step"],
-        "examples per task": first["config"]["n"] or "all",
+        "examples per task": first["config"]["examples"] or "all",
         "seeds": sorted({record["seed"] for _, record in records}),
         "max length": first["config"]["max_length"],
     },
     paper_setup,
 )
-agreed = table["agrees"].dropna()
+scores = comparisons.downstream_scores(records)
+tally = ", ".join(f"{n} {v}" for v, n in table["verdict"].value_counts().items())
 
 # %% [markdown]
 # ## Accuracy and the gap to BF16
@@ -82,26 +83,22 @@ agreed = table["agrees"].dropna()
 # accuracies against BF16's mean. The paper's bars are single runs.
 
 # %%
-benchmarks = ["core_9mcqa_olmes", "mmlu_olmes"] + (["mmlu_pro_mc"] if "mmlu_pro_mc" in set(table["benchmark"]) else [])
+benchmarks = ["core_9mcqa_olmes", "mmlu_olmes"] + (["mmlu_pro_mc"] if "mmlu_pro_mc" in set(scores["benchmark"]) else [])
 notes = {"core_9mcqa_olmes": " (our evaluated tasks)", "mmlu_pro_mc": " (lm-eval prompt)"}
-fig, axes = plt.subplots(2, len(benchmarks), figsize=(4.5 * len(benchmarks), 6.2), squeeze=False, sharex="col")
+paper = reference.load("olmes_aggregates").set_index(["config", "benchmark"])["score_percent"]
+fig, axes = plt.subplots(2, len(benchmarks), figsize=(4.5 * len(benchmarks), 6.4), squeeze=False)
 for column, benchmark in enumerate(benchmarks):
-    rows = table[table["benchmark"] == benchmark].sort_values("recipe").reset_index(drop=True)
-    x = range(len(rows))
-    err = [rows["mean"] - rows["min"], rows["max"] - rows["mean"]]
+    levels = scores[scores["benchmark"] == benchmark].groupby("recipe")["score"].agg(["mean", "min", "max"])
+    x = range(len(levels))
     top, bottom = axes[0, column], axes[1, column]
-    top.bar([i - 0.2 for i in x], rows["mean"], 0.4, yerr=err, color=OURS_COLOR, capsize=3, label="ours (seed range)")
-    top.bar([i + 0.2 for i in x], rows["paper"], 0.4, color=PAPER_COLOR, label="paper (8B)")
+    err = [levels["mean"] - levels["min"], levels["max"] - levels["mean"]]
+    top.bar([i - 0.2 for i in x], levels["mean"], 0.4, yerr=err, color=OURS_COLOR, capsize=3, label="ours (seed range)")
+    top.bar([i + 0.2 for i in x], [paper.get((r, benchmark)) for r in levels.index], 0.4, color=PAPER_COLOR, **{
+        "label": "paper (8B)"})  # fmt: skip
+    top.set_xticks(list(x), [stages.label(r) for r in levels.index], fontsize=6.5)
     top.set(ylabel="accuracy (%)", title=benchmark + notes.get(benchmark, ""))
-    bottom.bar([i - 0.2 for i in x], rows["gap_to_bf16_ours"], 0.4, yerr=err, color=OURS_COLOR, capsize=3)
-    bottom.bar([i + 0.2 for i in x], rows["gap_to_bf16_paper"], 0.4, color=PAPER_COLOR)
-    bottom.axhline(0, color="black", linewidth=0.6)
-    bottom.set(ylabel="accuracy − BF16 (points)")
-    bottom.set_xticks(list(x), rows["recipe"], fontsize=7, rotation=20)
+    plotting.paired_effects(bottom, table[table["benchmark"] == benchmark], ylabel="accuracy − BF16 (points)")
 fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside upper center", ncols=2, fontsize=7)
-add_caption(
-    fig,
-    f"{setup}\nQualitative: the gap to BF16 has the paper's sign for {int(agreed.sum())} of {len(agreed)} "
-    "recipe-benchmark pairs (downstream_vs_paper.csv). Paper: section 7.5.",
-)
+axes[1, 0].legend(fontsize=6)
+add_caption(fig, f"{setup}\nPaired verdicts against BF16: {tally} (downstream_vs_paper.csv). Paper: section 7.5.")
 save_figure(fig, figure_pdf)

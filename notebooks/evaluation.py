@@ -21,9 +21,10 @@
 #
 # Drawn from the records `ue5m3 evaluate-nll` and `ue5m3 scale-snapshot` write, beside the paper's numbers from
 # `ue5m3.reference` (never typed in). Our checkpoints come from CPU-scale runs (the captions state the settings
-# read from the records), the paper's from Nemotron-H 8B runs with one seed, so the comparable quantity is the
-# **percent against BF16**, `100 (bf16 - x) / bf16` at the same point of training (positive: better than BF16),
-# and only its sign.
+# read from the records), the paper's from Nemotron-H 8B runs with one seed, so the comparable quantity is **each
+# recipe's NLL against BF16's run of the same seed** at the same point of training, judged against the paper's
+# difference: reproduced, contradicted or inconclusive (`ue5m3.experiments.paired`). The figures show the percent
+# against BF16, `100 (bf16 - x) / bf16` (positive: better than BF16).
 #
 # - **`validation_nll.pdf`**: NLL per checkpoint and recipe under each recipe's inference policy (cold D = 50
 #   replay for the UE5M3 recipes, current scaling for NVFP4; experiments spec section 4). Ours: the mean over
@@ -32,18 +33,18 @@
 #   proposed B16 2.32230 against TE NVFP4 2.32592).
 # - **`validation_vs_bf16.pdf`**: the percent against BF16 over the fraction of training, so that our short run and
 #   the paper's 30,000 steps line up; ours with the range over seeds (each seed against BF16's run of that seed).
-# - **`policy_sensitivity.pdf`**: the proposed recipe's NLL at the last checkpoint under each inference policy,
-#   as percent against BF16, with the paper's value for the policy it used. Read against the paper's inference
-#   appendix: its three policies differ by at most 8.99e-5 NLL at step 30,000 and all stay below TE NVFP4's
-#   2.325921; the dashed lines mark TE NVFP4 on each side.
+# - **`policy_sensitivity.pdf`**: the proposed recipe's NLL at the last checkpoint under each other inference
+#   policy minus its NLL under the policy the paper used (cold D = 50 replay), paired per seed, with its interval
+#   and the equivalence margin (the paper's headline gap between B16 and TE NVFP4). Read against the paper's
+#   inference appendix: its three policies differ by at most 8.99e-5 NLL at step 30,000.
 # - **`scale_snapshot.pdf`**: where the wgrad dY block scales of the late MLP down projections land in UE5M3 for
 #   T = 448 and 2048 (section 5.3), and the counts of zero-rounded and saturated codes beside the paper's (none for
 #   either target). One sequence at one checkpoint: it illustrates codebook placement, not the D = 50 history.
 #
-# Tables: **`validation_vs_paper.csv`** (checkpoints paired by fraction of training),
-# **`policy_sensitivity_vs_paper.csv`** and **`scale_snapshot_vs_paper.csv`**, each with `difference`,
-# `relative_difference`, `tolerance` and `agrees`; the tolerance is qualitative (same sign of the percent vs
-# BF16) except for the snapshot counts, which must equal the paper's.
+# Tables: **`validation_vs_paper.csv`** (checkpoints paired by fraction of training) and
+# **`policy_sensitivity_vs_paper.csv`** with the paired effect (`effect`, `interval_low`, `interval_high`, `mde`),
+# the paper's effect and the `verdict`; **`scale_snapshot_vs_paper.csv`** with `difference`, `tolerance` and
+# `verdict` (the counts must equal the paper's).
 
 # %%
 import json
@@ -53,7 +54,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ue5m3 import reference
+from ue5m3 import reference, stages
 from ue5m3.evaluation.nll import load_results
 from ue5m3.experiments import comparisons
 from ue5m3.numerics.formats import UE5M3
@@ -63,7 +64,6 @@ from ue5m3.plotting import (
     add_caption,
     format_number,
     notebook_setup,
-    paper_vs_ours,
     save_figure,
     save_table,
     scale_caption,
@@ -144,12 +144,14 @@ setup = scale_caption(
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4.3))
 for recipe, rows in ours.groupby("recipe"):
-    style = {"color": colors[recipe], "label": recipe, "markersize": 3}
+    style = {"color": colors[recipe], "label": stages.label(recipe), "markersize": 3}
     left.fill_between(rows["step"], rows["min"], rows["max"], color=colors[recipe], alpha=0.2)
     interval = [rows["mean"] - rows["low"], rows["high"] - rows["mean"]]
     left.errorbar(rows["step"], rows["mean"], yerr=interval, fmt="o-", elinewidth=0.6, capsize=1.5, **style)
 for recipe, rows in paper.groupby("recipe"):
-    right.plot(rows["step"], rows["nll"], "s--", color=colors[recipe], label=recipe, markersize=3, alpha=0.8)
+    right.plot(
+        rows["step"], rows["nll"], "s--", color=colors[recipe], label=stages.label(recipe), markersize=3, alpha=0.8
+    )
 left.set(xlabel="step", ylabel="validation NLL", title="ours (band: seed range; bars: orders or bootstrap 95%)")
 right.set(xlabel="step", title="paper (8B, one seed)")
 left.title.set_fontsize(8)
@@ -158,29 +160,29 @@ add_caption(fig, setup + "\nPaper: section 7.4 and its validation figure; each r
 save_figure(fig, nll_pdf)
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4.3))
-for recipe, rows in table[table["recipe"] != "bf16"].groupby("recipe"):
-    style = {"color": colors[recipe], "label": recipe, "markersize": 3}
-    mine, theirs = rows.dropna(subset=["step_ours"]), rows.dropna(subset=["step_paper"])
-    band = mine["percent_vs_bf16_min"], mine["percent_vs_bf16_max"]
-    left.fill_between(mine["training_fraction"], *band, color=colors[recipe], alpha=0.2)
-    left.plot(mine["training_fraction"], mine["percent_vs_bf16_ours"], "o-", **style)
-    right.plot(theirs["training_fraction"], theirs["percent_vs_bf16_paper"], "s--", **style)
+for frame in (ours, paper):
+    frame["training_fraction"] = frame["step"] / frame["step"].max()
+for recipe, rows in ours[ours["recipe"] != "bf16"].groupby("recipe"):
+    style = {"color": colors[recipe], "label": stages.label(recipe), "markersize": 3}
+    left.fill_between(rows["training_fraction"], rows["percent_vs_bf16_min"], rows["percent_vs_bf16_max"], **{
+        "color": colors[recipe], "alpha": 0.2})  # fmt: skip
+    left.plot(rows["training_fraction"], rows["percent_vs_bf16"], "o-", **style)
+for recipe, rows in paper[paper["recipe"] != "bf16"].groupby("recipe"):
+    right.plot(rows["training_fraction"], rows["percent_vs_bf16"], "s--", color=colors[recipe], markersize=3, **{
+        "label": stages.label(recipe)})  # fmt: skip
 for ax, title in ((left, "ours (band: seed range, each seed against its BF16 run)"), (right, "paper (8B, one seed)")):
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set(xlabel="fraction of training", ylabel="percent vs BF16 (100 (bf16 − x) / bf16)", title=title)
     ax.title.set_fontsize(8)
     ax.legend(fontsize=6)
-paper_percent = table["percent_vs_bf16_paper"].dropna()
-right.set_ylim(max(paper_percent.min(), clip_percent) - 0.5, max(paper_percent.max(), 0.0) + 0.5)
-off_scale = table[table["percent_vs_bf16_paper"] < clip_percent].itertuples()
+right.set_ylim(max(paper["percent_vs_bf16"].min(), clip_percent) - 0.5, max(paper["percent_vs_bf16"].max(), 0) + 0.5)
+off_scale = paper[paper["percent_vs_bf16"] < clip_percent].itertuples()
 note = "".join(
-    f" Paper: {r.recipe} at step {r.step_paper:,} ({r.percent_vs_bf16_paper:.0f}%) is off scale." for r in off_scale
+    f" Paper: {stages.label(r.recipe)} at step {r.step:,} ({r.percent_vs_bf16:.0f}%) is off scale." for r in off_scale
 )
-agreed = table["agrees"].dropna()
+tally = ", ".join(f"{n} {v}" for v, n in table["verdict"].value_counts().items())
 add_caption(
-    fig,
-    f"{setup}\nQualitative: the percent vs BF16 has the paper's sign at {int(agreed.sum())} of {len(agreed)} paired "
-    f"checkpoints (validation_vs_paper.csv).{note}",
+    fig, f"{setup}\nPaired verdicts of the NLL against BF16 per checkpoint: {tally} (validation_vs_paper.csv).{note}"
 )
 save_figure(fig, vs_bf16_pdf)
 
@@ -195,43 +197,29 @@ save_figure(fig, vs_bf16_pdf)
 # %%
 fig, ax = plt.subplots(figsize=(7.2, 4.3))
 x = np.arange(len(sensitivity))
-ax.vlines(x, sensitivity["interval_percent_low"], sensitivity["interval_percent_high"], color=OURS_COLOR, linewidth=0.8)
-ax.errorbar(
-    x,
-    sensitivity["percent_vs_bf16"],
-    yerr=[
-        sensitivity["percent_vs_bf16"] - sensitivity["percent_vs_bf16_min"],
-        sensitivity["percent_vs_bf16_max"] - sensitivity["percent_vs_bf16"],
-    ],
-    fmt="o",
-    color=OURS_COLOR,
-    elinewidth=3,
-    capsize=0,
-    label=f"ours: {sensitivity_recipe} (mean over {int(sensitivity['seeds'].max())} seeds)",
-)
-marked = sensitivity.dropna(subset=["paper_percent_vs_bf16"])
-ax.plot(
-    marked.index,
-    marked["paper_percent_vs_bf16"],
-    **(paper_vs_ours["paper"] | {"label": f"paper: {sensitivity_recipe}, step 30,000", "markersize": 8}),
-)
-last = int(results["step"].max())
-ours_te = ours[(ours["recipe"] == baseline_recipe) & (ours["step"] == last)]["percent_vs_bf16"]
-paper_te = paper[(paper["recipe"] == baseline_recipe) & (paper["step"] == paper["step"].max())]["percent_vs_bf16"]
-for values, color, side in ((ours_te, OURS_COLOR, "ours"), (paper_te, PAPER_COLOR, "paper")):
-    if len(values):
-        ax.axhline(values.iloc[0], color=color, linestyle="--", linewidth=0.8, label=f"{side}: {baseline_recipe}")
+effect = sensitivity["effect"].astype(float)
+err = [
+    (effect - sensitivity["interval_low"].astype(float)).fillna(0),
+    (sensitivity["interval_high"].astype(float) - effect).fillna(0),
+]
+ax.errorbar(x, effect, yerr=err, fmt="o", color=OURS_COLOR, capsize=4, label="ours: mean paired difference (95% t)")
+margin = float(sensitivity["margin"].iloc[0]) if len(sensitivity) else 0.0
+ax.axhspan(-margin, margin, color="0.85", label="equivalence margin (the paper's B16 − TE NVFP4 gap)")
+spread = float(reference.load("inference_policy_spread")["value"].iloc[0])
+ax.axhspan(-spread, spread, color=PAPER_COLOR, alpha=0.6, label="paper: largest difference between its policies")
 ax.axhline(0, color="black", linewidth=0.6)
-ax.set_xticks(x, sensitivity["policy"], fontsize=7)
+reference_policy = sensitivity["reference_policy"].iloc[0] if len(sensitivity) else "cold_d50_replay"
+ax.set_xticks(x, [f"{p}\n{v}" for p, v in zip(sensitivity["policy"], sensitivity["verdict"], strict=True)], fontsize=7)
 ax.set_xlim(-0.5, len(sensitivity) - 0.5)
-ax.set(ylabel="percent vs BF16 (100 (bf16 − x) / bf16)", title=f"{sensitivity_recipe}: inference policy, last step")
+ax.set(
+    ylabel=f"NLL − NLL under {reference_policy}",
+    title=f"{stages.label(sensitivity_recipe)}: inference policy, last step",
+)
 ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the axes: it hides no point
-within = results[(results["step"] == last) & (results["recipe"] == sensitivity_recipe)]
-spread = within.groupby("seed")["nll"].agg(lambda v: v.max() - v.min()).max()
 add_caption(
     fig,
-    f"{setup}\nLargest NLL difference between policies within a seed: ours {spread:.2e} (paper: 8.99e-5 at step "
-    "30,000, its inference appendix). policy_sensitivity_vs_paper.csv holds the verdicts.",
+    f"{setup}\nPaired per seed at our last checkpoint; each policy's verdict is under its name "
+    "(policy_sensitivity_vs_paper.csv).",
 )
 save_figure(fig, sensitivity_pdf)
 
@@ -250,7 +238,7 @@ codes = codes.groupby(["recipe", "quantity", "bin_low"], sort=False)["count"].su
 fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 4.1), width_ratios=[1.1, 1])
 for (recipe, quantity), rows in codes.groupby(["recipe", "quantity"], sort=False):
     target = quantity.removeprefix("raw_code_t")
-    left.step(rows["bin_low"], rows["count"], where="post", label=f"{recipe}, T = {target}")
+    left.step(rows["bin_low"], rows["count"], where="post", label=f"{stages.label(recipe)}, T = {target}")
 bounds = [np.log10(UE5M3.min_subnormal), np.log10(UE5M3.max_finite)]
 for bound, name in zip(bounds, ["min subnormal", "max finite"], strict=True):
     left.axvline(bound, color="0.4", linestyle=":", linewidth=1.0)
@@ -273,17 +261,17 @@ compared = snapshot[snapshot["metric"].isin(["zero_rounded_before_repair", "satu
 cells = []
 for (recipe, target), rows in compared.groupby(["recipe", "target"], sort=False):
     by_metric = rows.set_index("metric")
-    cell = [recipe, format_number(target), f"{int(rows['blocks'].iloc[0]):,}"]
+    cell = [stages.label(recipe), format_number(target), f"{int(rows['blocks'].iloc[0]):,}"]
     for metric in ("zero_rounded_before_repair", "saturated"):
         paper_value = by_metric.loc[metric, "paper"]
         cell.append(f"{by_metric.loc[metric, 'ours']} / {'-' if pd.isna(paper_value) else paper_value}")
-    verdicts = rows["agrees"].dropna()
-    cell.append("-" if verdicts.empty else ("yes" if verdicts.all() else "no"))
+    verdicts = set(rows["verdict"].dropna())
+    cell.append("-" if not verdicts else "reproduced" if verdicts == {"reproduced"} else ", ".join(sorted(verdicts)))
     cells.append(cell)
 right.axis("off")
 grid = right.table(
     cellText=cells,
-    colLabels=["checkpoint", "T", "blocks", "zero-rounded\nours / paper", "saturated\nours / paper", "agrees"],
+    colLabels=["checkpoint", "T", "blocks", "zero-rounded\nours / paper", "saturated\nours / paper", "verdict"],
     loc="center",
     cellLoc="center",
 )

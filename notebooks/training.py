@@ -23,12 +23,15 @@
 # paper's single-seed (seed 42) numbers from `ue5m3.reference` (never typed in). Our runs are CPU scale (a debug
 # width of the hybrid model, a short run, short sequences: each caption states the settings read from the runs'
 # `final.json`), the paper's are Nemotron-H 8B over 30,000 steps, so absolute losses do not compare; **the
-# comparable quantity is each recipe's gap to BF16**, and only its sign (whether the FP4 recipe trails BF16).
+# comparable quantity is each recipe's effect against BF16, paired per seed** (every recipe's run of a seed starts
+# from the same weights and sees the same data), judged against the paper's gap: reproduced, contradicted or
+# inconclusive (`ue5m3.experiments.paired`).
 #
 # - **`training_loss.pdf`**: our smoothed training loss per recipe, mean over seeds with the seed range as a band.
 #   The paper's curves are its section 7.3 figures; at 8B every FP4 recipe ends above BF16.
-# - **`training_final_window.pdf`**: each recipe's final-window mean loss minus BF16's, ours (bars: seed range)
-#   beside the paper's (section 7.3: proposed B16 2.3090, B32 2.3241, TE NVFP4 2.3474 against BF16 2.2651).
+# - **`training_final_window.pdf`**: each recipe's final-window mean loss minus BF16's of the same seed, ours (mean
+#   and 95% t interval over seeds) beside the paper's (section 7.3: proposed B16 2.3090, B32 2.3241, TE NVFP4 2.3474
+#   against BF16 2.2651), each bar's verdict under it.
 # - **`training_stability.pdf`**: our logged loss spikes and gradient-norm spikes beside the paper's endpoint
 #   gradient norms. The paper's thresholds (loss > 3, gradient norm > 1 after step 2,500: none for the proposed
 #   recipe, 205 and 89 for the no-RHT/all-linears ablation) are 8B-scale: our CPU-scale losses stay above 3
@@ -36,9 +39,9 @@
 # - **`control_override.pdf`**: the T = 2048 override control (section 5.2: the paper's 350M run lowers the
 #   final-window mean loss from 2.90904 to 2.90248, a difference of -0.00656), ours per seed beside the paper's.
 #
-# **`training_vs_paper.csv`** holds both sides' final-window losses and gaps to BF16 with `difference`,
-# `relative_difference`, `tolerance` and `agrees`: the verdict is qualitative, the same sign of the gap to BF16,
-# and the tolerance column says why.
+# **`training_vs_paper.csv`** holds, per recipe, both sides' final-window losses, our paired effect against BF16
+# (`effect`, `interval_low`, `interval_high`, `mde`: the smallest effect these seeds could detect at 80% power), the
+# paper's effect and the `verdict`.
 
 # %%
 import json
@@ -47,7 +50,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ue5m3 import reference
+from ue5m3 import plotting, reference, stages
 from ue5m3.experiments import comparisons
 from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table, scale_caption
 
@@ -88,8 +91,7 @@ curves, windows, by_recipe = pd.read_csv(curves_csv), pd.read_csv(final_window_c
 control_windows = pd.read_csv(control_final_window_csv)
 paper = reference.load("training_loss_final")
 paper_control = reference.load("control_350m_final_window")
-ours_gap, paper_gap = comparisons.training_gaps(by_recipe, paper)
-table = comparisons.training_vs_paper(by_recipe, paper)
+table = comparisons.training_vs_paper(windows, paper)
 save_table(table_csv, table, list(table.columns))
 
 
@@ -108,23 +110,22 @@ def settings(paths):
 
 main_setup = scale_caption(settings(run_jsons), paper_setup)
 control_setup = scale_caption(settings(control_run_jsons), paper_control_setup)
-agreed = table["agrees"].dropna()
-verdict = f"gap to BF16 has the paper's sign for {int(agreed.sum())} of {len(agreed)} recipes (training_vs_paper.csv)"
+counts = table["verdict"].value_counts()
+verdict = ", ".join(f"{n} {v}" for v, n in counts.items()) + " (training_vs_paper.csv)"
 
 # %% [markdown]
 # ## (a) Training loss and (b) the final-window gap to BF16
 #
 # (a) is ours alone: the mean over seeds with the min-max band over seeds. In (b) each bar is a recipe's
-# final-window mean loss minus BF16's (positive: worse than BF16); our error bars span the recipe's seed range
-# (each seed's window against BF16's mean), the paper's hatched bars are single runs.
+# final-window mean loss minus BF16's of the same seed (positive: worse than BF16), our mean with its 95% t interval
+# over seeds; the paper's hatched bars are single runs. Under each pair: the verdict.
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 4.3))
 for i, (recipe, runs) in enumerate(curves.groupby("recipe")):
     per_step = runs.groupby("step")["loss_smoothed"]
-    line = ax.plot(
-        per_step.mean().index, per_step.mean(), label=f"{recipe} ({runs['seed'].nunique()} seeds)", color=f"C{i}"
-    )
+    label = f"{stages.label(recipe)} ({runs['seed'].nunique()} seeds)"
+    line = ax.plot(per_step.mean().index, per_step.mean(), label=label, color=f"C{i}")
     ax.fill_between(per_step.min().index, per_step.min(), per_step.max(), color=line[0].get_color(), alpha=0.2)
 ax.set(xlabel="optimizer step", ylabel="training loss (moving mean)", title="Training loss (ours; band: seed range)")
 ax.legend(fontsize=7)
@@ -132,36 +133,12 @@ add_caption(fig, main_setup + "\nPaper: section 7.3; its 8B curves end with ever
 save_figure(fig, loss_pdf)
 
 fig, ax = plt.subplots(figsize=(7, 4.6))
-order = [r for r in paper_gap["recipe"] if r in set(ours_gap["recipe"])] + sorted(
-    set(ours_gap["recipe"]) - set(paper_gap["recipe"])
+plotting.paired_effects(
+    ax, table, ylabel="final-window mean loss − BF16", paper_label="paper (8B, 30,000 steps, one seed)"
 )
-order += [r for r in paper_gap["recipe"] if r not in order]
-x = range(len(order))
-ours_rows, paper_idx = ours_gap.set_index("recipe").reindex(order), paper_gap.set_index("recipe")
-mean = ours_rows["final_window_mean_loss"]
-ax.bar(
-    [i - 0.2 for i in x],
-    ours_rows["gap_to_bf16"],
-    width=0.4,
-    yerr=[(mean - ours_rows["seed_min"]).fillna(0.0), (ours_rows["seed_max"] - mean).fillna(0.0)],
-    capsize=3,
-    color=OURS_COLOR,
-    label="ours (CPU scale; error bar: seed range)",
-)
-ax.bar(
-    [i + 0.2 for i in x],
-    [paper_idx["gap_to_bf16"].get(r, float("nan")) for r in order],
-    width=0.4,
-    color="white",
-    edgecolor=PAPER_COLOR,
-    hatch="//",
-    label="paper (8B, 30,000 steps, one seed)",
-)
-ax.set_xticks(list(x), order, rotation=30, ha="right", fontsize=7)
-ax.axhline(0, color="black", linewidth=0.6)
-ax.set(ylabel="final-window mean loss − BF16", title="Final-window loss gap to BF16")
+ax.set_title("Final-window loss against BF16, paired per seed")
 ax.legend(fontsize=7)
-add_caption(fig, f"{main_setup}\nQualitative: {verdict}. Paper: section 7.3.")
+add_caption(fig, f"{main_setup}\nVerdicts: {verdict}. Paper: section 7.3.")
 save_figure(fig, final_window_pdf)
 
 # %% [markdown]
@@ -174,7 +151,7 @@ save_figure(fig, final_window_pdf)
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(8, 4.1))
-counts = windows.groupby("recipe")[["losses_above_3", "grad_norms_above_1"]].sum()
+counts = windows.groupby("recipe")[["losses_above_3", "grad_norms_above_1"]].sum().rename(index=stages.label)
 counts.plot.bar(ax=left, color=[OURS_COLOR, "C1"], fontsize=7, rot=30)
 left.set(
     title="ours: logged events after the first twelfth",
@@ -183,7 +160,7 @@ left.set(
     ylim=(0, 1.3 * max(counts.to_numpy().max(), 1)),  # room for the legend above the bars
 )
 left.legend(["loss > 3", "gradient norm > 1"], loc="upper left", ncols=2, fontsize=7)
-paper_gap.set_index("recipe")["endpoint_grad_norm"].plot.bar(
+paper.set_index("config")["endpoint_grad_norm"].rename(index=stages.label).plot.bar(
     ax=right, color="white", edgecolor=PAPER_COLOR, hatch="//", fontsize=7, rot=30
 )
 right.set(title="paper: endpoint gradient norm (8B)", xlabel="")
@@ -198,7 +175,7 @@ save_figure(fig, stability_pdf)
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(8, 4.1))
 for variant, runs in control_windows.groupby("recipe"):
-    left.plot(runs["seed"], runs["final_window_mean_loss"], "o-", label=variant)
+    left.plot(runs["seed"], runs["final_window_mean_loss"], "o-", label=stages.label(variant))
 per_seed = control_windows.pivot(index="seed", columns="recipe", values="final_window_mean_loss")
 override = [c for c in per_seed.columns if "override" in c]
 default = [c for c in per_seed.columns if "override" not in c]

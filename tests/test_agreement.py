@@ -1,4 +1,4 @@
-"""Tests for ue5m3.experiments.agreement: the tolerance rules and the agreement columns of every comparison table.
+"""Tests for ue5m3.experiments.agreement: the tolerance rules and the agreement columns of the measurement tables.
 
 Values are exact in binary, so every bound is tested on its edge and just past it.
 """
@@ -12,7 +12,7 @@ from ue5m3.artifacts import write_csv
 from ue5m3.experiments.agreement import AGREEMENT_COLUMNS, Criterion, Tolerance, with_agreement
 
 CLOSE = Tolerance(criterion=Criterion.CLOSE, absolute=0.25, relative=0.5, reason="r")
-SIGN = Tolerance(criterion=Criterion.SIGN, reason="scales differ")
+LOOSE = Tolerance(criterion=Criterion.CLOSE, relative=2.0, reason="loose")
 COMPLETE = Tolerance(criterion=Criterion.COMPLETE, reason="shares")
 
 
@@ -42,12 +42,8 @@ def test_close_without_bounds_is_exact():
     assert exact.describe() == "exact: ours == paper (a count)"
 
 
-@pytest.mark.parametrize(
-    ("ours", "paper", "agrees"),
-    [(0.01, 5.0, True), (-0.01, -5.0, True), (-0.01, 5.0, False), (0.0, 5.0, False), (0.0, -0.0, True)],
-)
-def test_sign_compares_only_the_direction(ours, paper, agrees):
-    assert SIGN.agrees(ours, paper) is agrees
+def test_a_sign_rule_is_gone_recipe_comparisons_are_paired():
+    assert [c.value for c in Criterion] == ["close", "complete"]
 
 
 @pytest.mark.parametrize(
@@ -63,7 +59,6 @@ def test_each_description_states_the_rule_and_its_reason():
         Tolerance(criterion="close", relative=0.025, reason="r").describe() == "|ours - paper| <= 2.5% of |paper| (r)"
     )
     assert Tolerance(criterion="close", absolute=3.0, reason="r").describe() == "|ours - paper| <= 3 (r)"
-    assert SIGN.describe() == "qualitative: same sign as the paper (scales differ)"
     assert COMPLETE.describe() == "qualitative: both reproduce every cell, or neither does (shares)"
 
 
@@ -72,11 +67,11 @@ def test_each_description_states_the_rule_and_its_reason():
     [
         ({"criterion": "close", "absolute": -1.0, "reason": "r"}, "absolute=-1.0"),
         ({"criterion": "close", "relative": -0.5, "reason": "r"}, "relative=-0.5"),
-        ({"criterion": "sign", "absolute": 1.0, "reason": "r"}, "'sign' takes no bounds"),
+        ({"criterion": "complete", "absolute": 1.0, "reason": "r"}, "'complete' takes no bounds"),
         ({"criterion": "close", "reason": ""}, "reason"),
         ({"criterion": "nearly", "reason": "r"}, "nearly"),
     ],
-    ids=["negative absolute", "negative relative", "bounds on a sign rule", "no reason", "unknown criterion"],
+    ids=["negative absolute", "negative relative", "bounds on an all-cells rule", "no reason", "unknown criterion"],
 )
 def test_a_tolerance_that_means_nothing_is_refused(fields, match):
     with pytest.raises(ValueError, match=match):
@@ -95,21 +90,23 @@ def _table() -> pd.DataFrame:
 
 def test_with_agreement_appends_difference_relative_difference_tolerance_and_verdict():
     table = _table()
-    out = with_agreement(table, ours="ours", paper="paper", tolerance={"a": CLOSE, "b": SIGN}, by="metric")
+    out = with_agreement(table, ours="ours", paper="paper", tolerance={"a": CLOSE, "b": LOOSE}, by="metric")
     assert list(out.columns) == [*table.columns, *AGREEMENT_COLUMNS]
     assert _cells(out["difference"]) == [1.0, -3.0, -2.0, None, None, 2.0]  # metric c has no tolerance
     assert _cells(out["relative_difference"]) == [0.5, -0.75, -2.0, None, None, None]  # none against a paper 0
-    assert _cells(out["tolerance"]) == [CLOSE.describe()] * 2 + [SIGN.describe(), None, CLOSE.describe()] + [
-        SIGN.describe()
+    assert _cells(out["tolerance"]) == [CLOSE.describe()] * 2 + [LOOSE.describe(), None, CLOSE.describe()] + [
+        LOOSE.describe()
     ]
-    assert _cells(out["agrees"]) == [True, False, False, None, None, False]  # no verdict without our value
+    # our missing value is a paper number we did not test ("not run"); a paper 0 with a relative bound: exact
+    expected = ["reproduced", "contradicted", "reproduced", None, "not run", "contradicted"]
+    assert _cells(out["verdict"]) == expected
     assert table.equals(_table())  # the input is left alone
 
 
 def test_with_agreement_leaves_rows_outside_compare_uncompared():
     table = _table()
     out = with_agreement(table, ours="ours", paper="paper", tolerance=CLOSE, compare=table["metric"] != "a")
-    assert _cells(out["agrees"]) == [None, None, False, True, None, False]
+    assert _cells(out["verdict"]) == [None, None, "contradicted", "reproduced", None, "contradicted"]
     assert _cells(out["tolerance"])[:2] == [None, None]
 
 
@@ -121,7 +118,7 @@ def test_with_agreement_writes_missing_cells_empty_never_nan(tmp_path):
     rows = path.read_text().splitlines()
     assert "nan" not in path.read_text()
     assert rows[3] == "b,-1.0,1.0,,,,,"  # no tolerance for b: nothing compared, nothing written
-    assert rows[5] == f"a,,1.0,w,,,{CLOSE.describe()},"
+    assert rows[5] == f"a,,1.0,w,,,{CLOSE.describe()},not run"  # the paper's number, untested here
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from ue5m3 import reference
 from ue5m3.artifacts import write_csv
@@ -92,7 +91,8 @@ def test_accumulation_vs_paper_matches_bf16_rtz_bias_and_the_grid_sweep_in_the_p
     )
     assert _cells(table["difference"]) == [0.5, 1.25, None, 6e-6 - 5e-6, 3e-4 - 2e-4]
     assert _cells(table["relative_difference"])[:2] == [0.5, 0.625]
-    assert _cells(table["agrees"]) == [False, False, None, False, False]  # 20% and 50% off a 5% RMSE bound
+    # 50% and 62.5% off a 10% bound, no laplace run of ours, 20% and 50% off a 5% RMSE bound
+    assert _cells(table["verdict"]) == ["contradicted", "contradicted", "not run", "contradicted", "contradicted"]
     tolerances = comparisons.ACCUMULATION_TOLERANCES
     assert _cells(table["tolerance"]) == [tolerances[m].describe() for m in table["metric"]]
 
@@ -119,7 +119,7 @@ def test_accumulation_tolerances_pass_a_share_within_3_points_and_an_rmse_within
     empty_bias = pd.DataFrame(columns=["distribution", "operands", "rho", "metric", "variant", "value_ppm"])
     table = comparisons.accumulation_vs_paper(empty_bias, grid_sweep, paper)
     assert _cells(table["difference"]) == [3.0, 3.5, 0.046875, -0.0625]
-    assert _cells(table["agrees"]) == [True, False, True, False]
+    assert _cells(table["verdict"]) == ["reproduced", "contradicted", "reproduced", "contradicted"]
 
 
 def test_accumulation_vs_paper_has_a_row_for_every_row_of_the_shipped_reference():
@@ -130,21 +130,19 @@ def test_accumulation_vs_paper_has_a_row_for_every_row_of_the_shipped_reference(
     assert list(table.columns) == ["table", "distribution_or_grid", "metric", "paper", "ours", *AGREEMENT_COLUMNS]
     assert table["paper"].tolist() == paper["value"].tolist()
     assert table["ours"].isna().all()
-    assert table["agrees"].isna().all() and table["tolerance"].notna().all()  # every metric has its tolerance
+    assert (table["verdict"] == "not run").all() and table["tolerance"].notna().all()  # every metric has one
 
 
-# --- training --------------------------------------------------------------------------------------------
+# --- training: paired against BF16 -----------------------------------------------------------------------
 
 
-def _by_recipe() -> pd.DataFrame:
+def _windows() -> pd.DataFrame:
+    """Two seeds of BF16 and ue5m3_b16, one of mxfp4 (seed 1 only)."""
     return pd.DataFrame(
         {
-            "recipe": ["bf16", "ue5m3_b16", "mxfp4"],
-            "final_window_mean_loss": [3.0, 3.25, 3.5],
-            "seed_std": [0.125, 0.25, 0.0],
-            "seed_min": [2.875, 3.0, 3.5],
-            "seed_max": [3.125, 3.5, 3.5],
-            "seeds": [2, 2, 1],
+            "recipe": ["bf16", "bf16", "ue5m3_b16", "ue5m3_b16", "mxfp4"],
+            "seed": [1, 2, 1, 2, 1],
+            "final_window_mean_loss": [3.0, 3.5, 3.25, 3.5, 4.0],
         }
     )
 
@@ -160,51 +158,39 @@ def _paper_training() -> pd.DataFrame:
     )
 
 
-def test_training_gaps_subtract_each_sides_bf16_loss():
-    ours, paper = comparisons.training_gaps(_by_recipe(), _paper_training())
-    assert ours["gap_to_bf16"].tolist() == [0.0, 0.25, 0.5]
-    assert ours.drop(columns="gap_to_bf16").equals(_by_recipe())
-    assert list(paper.columns) == ["recipe", "final_window_mean_loss", "endpoint_loss", "endpoint_grad_norm"] + [
-        "gap_to_bf16"
-    ]
-    assert paper["recipe"].tolist() == ["bf16", "ue5m3_b16", "nvfp4_te"]
-    assert paper["gap_to_bf16"].tolist() == [0.0, 0.5, 0.75]
+def test_training_vs_paper_pairs_each_recipe_with_bf16s_run_of_the_same_seed():
+    table = comparisons.training_vs_paper(_windows(), _paper_training())
+    assert table["recipe"].tolist() == ["mxfp4", "nvfp4_te", "ue5m3_b16"]  # BF16 is the baseline: no row
+    assert table["label"].tolist() == ["MXFP4", "TE NVFP4", "UE5M3 B16 (proposed)"]
+    assert _cells(table["loss"]) == [4.0, None, 3.375] and _cells(table["paper_loss"]) == [None, 2.75, 2.5]
+    row = table.set_index("recipe").loc["ue5m3_b16"]
+    assert row["seeds"] == 2 and row["effect"] == 0.125  # seed 1: +0.25, seed 2: 0.0
+    assert row["paper_effect"] == 0.5 and row["interval_low"] < 0 < row["interval_high"]
+    assert row["verdict"] == "inconclusive"
+    assert table.set_index("recipe").loc["nvfp4_te", "verdict"] == "not run"  # only the paper ran it
+    mxfp4 = table.set_index("recipe").loc["mxfp4"]
+    assert mxfp4["seeds"] == 1 and pd.isna(mxfp4["interval_low"]) and mxfp4["verdict"] == "inconclusive"
 
 
-def test_training_vs_paper_is_an_outer_join_sorted_by_recipe():
-    table = comparisons.training_vs_paper(_by_recipe(), _paper_training())
-    _assert_frame(
-        table.drop(columns=AGREEMENT_COLUMNS),
+def test_training_vs_paper_reproduces_when_the_interval_excludes_zero_on_the_papers_side():
+    windows = pd.DataFrame(
         {
-            "recipe": ["bf16", "mxfp4", "nvfp4_te", "ue5m3_b16"],
-            "final_window_mean_loss_ours": [3.0, 3.5, NAN, 3.25],
-            "seed_std": [0.125, 0.0, NAN, 0.25],
-            "seed_min": [2.875, 3.5, NAN, 3.0],
-            "seed_max": [3.125, 3.5, NAN, 3.5],
-            "seeds": [2.0, 1.0, NAN, 2.0],
-            "gap_to_bf16_ours": [0.0, 0.5, NAN, 0.25],
-            "final_window_mean_loss_paper": [2.0, NAN, 2.75, 2.5],
-            "endpoint_loss": [1.875, NAN, 2.625, 2.5],
-            "endpoint_grad_norm": [0.0625, NAN, 0.5, 0.125],
-            "gap_to_bf16_paper": [0.0, NAN, 0.75, 0.5],
-        },
+            "recipe": ["bf16"] * 3 + ["ue5m3_b16"] * 3,
+            "seed": [1, 2, 3] * 2,
+            "final_window_mean_loss": [3.0, 3.5, 4.0, 3.25, 3.75, 4.375],
+        }
     )
+    table = comparisons.training_vs_paper(windows, _paper_training()).set_index("recipe")
+    assert table.loc["ue5m3_b16", "verdict"] == "reproduced"  # +0.25, +0.25, +0.375: worse than BF16, as the paper
+    flipped = windows.assign(final_window_mean_loss=[3.0, 3.5, 4.0, 2.75, 3.25, 3.625])
+    table = comparisons.training_vs_paper(flipped, _paper_training()).set_index("recipe")
+    assert table.loc["ue5m3_b16", "verdict"] == "contradicted"
 
 
-def test_training_vs_paper_compares_the_sign_of_each_recipes_gap_but_not_bf16s_own():
-    by_recipe = _by_recipe().assign(final_window_mean_loss=[3.0, 2.75, 3.5])  # ue5m3_b16 beats BF16 here
-    table = comparisons.training_vs_paper(by_recipe, _paper_training())
-    assert table["recipe"].tolist() == ["bf16", "mxfp4", "nvfp4_te", "ue5m3_b16"]
-    assert _cells(table["difference"]) == [None, None, None, -0.75]
-    assert _cells(table["relative_difference"]) == [None, None, None, -1.5]
-    assert _cells(table["agrees"]) == [None, None, None, False]  # -0.25 vs the paper's +0.5
-    assert _cells(table["tolerance"]) == [None] + [comparisons.TRAINING_TOLERANCE.describe()] * 3
-    assert "qualitative" in table["tolerance"].iloc[1] and "8B" in table["tolerance"].iloc[1]
-
-
-def test_training_vs_paper_needs_a_bf16_run():
-    with pytest.raises(KeyError, match="bf16"):
-        comparisons.training_vs_paper(_by_recipe().iloc[1:], _paper_training())
+def test_a_paired_table_writes_missing_cells_empty(tmp_path):
+    text = _csv(tmp_path, comparisons.training_vs_paper(_windows(), _paper_training()))
+    assert "nan" not in text.lower() and "<NA>" not in text
+    assert text.splitlines()[2].startswith("nvfp4_te,TE NVFP4,,2.75,,,,,,")
 
 
 # --- validation NLL --------------------------------------------------------------------------------------
@@ -229,10 +215,10 @@ def _nll_results() -> pd.DataFrame:
 def _paper_nll() -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "config": ["bf16", "bf16", "bf16", "ue5m3_b16"],
-            "step": [50, 100, 200, 200],
-            "nll": [3.0, 2.0, 2.5, 2.25],
-            "inference_policy": ["none", "none", "none", "cold_d50_replay"],
+            "config": ["bf16", "bf16", "bf16", "ue5m3_b16", "ue5m3_b16", "nvfp4_te"],
+            "step": [50, 100, 200, 100, 200, 200],
+            "nll": [3.0, 2.0, 2.5, 2.125, 2.25, 2.5],
+            "inference_policy": ["none", "none", "none", "cold_d50_replay", "cold_d50_replay", "current_tensor"],
         }
     )
 
@@ -256,95 +242,41 @@ def test_validation_nll_tables_keep_the_main_policy_and_spread_over_seeds_and_or
             "percent_vs_bf16_max": [0.0, 0.0, 10.0, 100 * (3.0 - 3.25) / 3.0],
         },
     )
-    _assert_frame(
-        paper,
-        {
-            "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16"],
-            "step": [50, 100, 200, 200],
-            "nll": [3.0, 2.0, 2.5, 2.25],
-            "inference_policy": ["none", "none", "none", "cold_d50_replay"],
-            "percent_vs_bf16": [0.0, 0.0, 0.0, 10.0],  # 100 (2.5 - 2.25) / 2.5
-        },
-    )
+    assert paper["percent_vs_bf16"].tolist()[-1] == 0.0  # 100 (2.5 - 2.5) / 2.5 for nvfp4_te at step 200
 
 
-def test_validation_nll_tables_leave_the_reference_table_unchanged():
-    paper = _paper_nll()
-    comparisons.validation_nll_tables(_nll_results(), paper)
-    assert paper.equals(_paper_nll())
-
-
-def test_validation_vs_paper_pairs_checkpoints_at_the_same_fraction_of_training():
+def test_validation_vs_paper_pairs_seeds_at_the_same_fraction_of_training():
     table = comparisons.validation_vs_paper(_nll_results(), _paper_nll())
-    _assert_frame(
-        table.drop(
-            columns=["mean", "min", "max", "seeds", "low", "high", "percent_vs_bf16_min", "percent_vs_bf16_max"]
-        ),
-        {
-            "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
-            "training_fraction": [0.25, 0.5, 1.0, 0.5, 1.0],  # ours 10 / 20 and 20 / 20; the paper's 50 / 200 ...
-            "step_ours": [None, 10, 20, 10, 20],
-            "percent_vs_bf16_ours": [NAN, 0.0, 0.0, 100 * (4.5 - 4.25) / 4.5, -12.5],
-            "step_paper": [50, 100, 200, None, 200],
-            "nll": [3.0, 2.0, 2.5, NAN, 2.25],
-            "inference_policy": ["none", "none", "none", None, "cold_d50_replay"],
-            "percent_vs_bf16_paper": [0.0, 0.0, 0.0, NAN, 10.0],
-            "difference": [None, None, None, None, -22.5],
-            "relative_difference": [None, None, None, None, -2.25],
-            "tolerance": [None, None, None] + [comparisons.VALIDATION_TOLERANCE.describe()] * 2,
-            "agrees": [None, None, None, None, False],  # worse than BF16 here, better in the paper
-        },
-    )
-
-
-def test_validation_percent_keeps_the_published_evaluation_order(tmp_path):
-    # The CSV must stay byte-identical: 100 (b - x) / b, which differs in the last bits from 100 - 100 x / b.
-    results = pd.DataFrame(
-        {"recipe": ["bf16", "r"], "seed": [1, 1], "step": [1, 1], "policy": ["p", "p"], "nll": [3.0, 2.9]}
-    ).assign(low=[3.0, 2.9], high=[3.0, 2.9])
-    paper = pd.DataFrame({"config": ["bf16"], "step": [1], "nll": [3.0], "inference_policy": ["none"]})
-    table = comparisons.validation_vs_paper(results, paper)
-    assert table["percent_vs_bf16_ours"].tolist() == [0.0, 3.333333333333336]
-    row = "r,1.0,1,2.9,2.9,2.9,1,2.9,2.9" + ",3.333333333333336" * 3 + ",,,,,,,"  # no paper point: empty cells
-    assert _csv(tmp_path, table).splitlines()[2] == row + comparisons.VALIDATION_TOLERANCE.describe() + ","
+    keys = list(zip(table["recipe"], table["training_fraction"], strict=True))
+    assert keys == [("nvfp4_te", 1.0), ("ue5m3_b16", 0.5), ("ue5m3_b16", 1.0)]
+    row = table.iloc[1]  # ours 10 / 20 beside the paper's 100 / 200
+    assert (row["step"], row["paper_step"], row["seeds"]) == (10, 100, 2)
+    assert row["effect"] == -0.25 and row["paper_effect"] == 0.125  # seeds: 0.0 and -0.5; paper 2.125 - 2.0
+    assert row["verdict"] == "inconclusive"
+    assert table.iloc[0]["verdict"] == "not run" and table.iloc[0]["paper_effect"] == 0.0
 
 
 # --- policy sensitivity ----------------------------------------------------------------------------------
 
 
-def test_policy_sensitivity_vs_paper_pairs_seeds_with_bf16_and_matches_the_papers_policy():
+def test_policy_sensitivity_is_an_equivalence_against_the_papers_policy():
     rows = [
-        ("bf16", 1, 20, "bf16", 4.0, 3.75, 4.25),
-        ("bf16", 2, 20, "bf16", 5.0, 4.75, 5.25),
-        ("ue5m3_b16", 1, 20, "cold_d50_replay", 3.0, 2.0, 3.0),  # orders from 2 to 3
-        ("ue5m3_b16", 2, 20, "cold_d50_replay", 4.0, 4.0, 4.5),
-        ("ue5m3_b16", 1, 20, "current_tensor", 5.0, 4.0, 6.0),
-        ("ue5m3_b16", 1, 10, "cold_d50_replay", 9.0, 9.0, 9.0),  # not the last step
+        ("ue5m3_b16", 1, 20, "cold_d50_replay", 3.0),
+        ("ue5m3_b16", 2, 20, "cold_d50_replay", 4.0),
+        ("ue5m3_b16", 3, 20, "cold_d50_replay", 5.0),
+        ("ue5m3_b16", 1, 20, "current_tensor", 3.0 + 2**-12),
+        ("ue5m3_b16", 2, 20, "current_tensor", 4.0 + 2**-12),
+        ("ue5m3_b16", 3, 20, "current_tensor", 5.0 + 2**-11),
+        ("ue5m3_b16", 1, 20, "calibrated_frozen", 3.5),
+        ("ue5m3_b16", 1, 10, "current_tensor", 9.0),  # not the last step
     ]
-    results = pd.DataFrame(rows, columns=["recipe", "seed", "step", "policy", "nll", "low", "high"])
+    results = pd.DataFrame(rows, columns=["recipe", "seed", "step", "policy", "nll"])
     table = comparisons.policy_sensitivity_vs_paper(results, _paper_nll(), recipe="ue5m3_b16")
-    _assert_frame(
-        table.drop(columns=["tolerance"]),
-        {
-            "policy": ["cold_d50_replay", "current_tensor"],
-            "step": [20, 20],
-            "seeds": [2, 1],
-            "nll_mean": [3.5, 5.0],
-            "nll_min": [3.0, 5.0],
-            "nll_max": [4.0, 5.0],
-            "percent_vs_bf16": [22.5, -25.0],  # mean of 100 (4 - 3) / 4 and 100 (5 - 4) / 5
-            "percent_vs_bf16_min": [20.0, -25.0],
-            "percent_vs_bf16_max": [25.0, -25.0],
-            "interval_percent_low": [10.0, -50.0],  # 100 (5 - 4.5) / 5; 100 (4 - 6) / 4
-            "interval_percent_high": [50.0, 0.0],  # 100 (4 - 2) / 4
-            "paper_step": [200, None],
-            "paper_nll": [2.25, None],
-            "paper_percent_vs_bf16": [10.0, None],
-            "difference": [12.5, None],
-            "relative_difference": [1.25, None],
-            "agrees": [True, None],
-        },
-    )
+    assert table["policy"].tolist() == ["calibrated_frozen", "current_tensor"]
+    assert set(table["reference_policy"]) == {"cold_d50_replay"} and (table["margin"] == 0.25).all()  # |2.25 - 2.5|
+    current = table.set_index("policy").loc["current_tensor"]
+    assert current["seeds"] == 3 and current["verdict"] == "reproduced"  # within +-0.25
+    assert table.set_index("policy").loc["calibrated_frozen", "verdict"] == "inconclusive"  # one seed
 
 
 # --- scale snapshot --------------------------------------------------------------------------------------
@@ -381,8 +313,9 @@ def test_scale_snapshot_vs_paper_sums_modules_per_checkpoint_and_target():
     assert first["metric"].tolist() == comparisons.SNAPSHOT_METRICS
     assert first["ours"].tolist() == [1, 2, 1, 1, 0]
     assert _cells(first["paper"]) == [None, None, None, 0, 0]
-    assert _cells(first["agrees"]) == [None, None, None, False, True]  # one zero-rounded code where the paper had none
-    assert _cells(table["agrees"])[-5:] == [None] * 5  # the paper has no bf16 rows here
+    # one zero-rounded code where the paper had none
+    assert _cells(first["verdict"]) == [None, None, None, "contradicted", "reproduced"]
+    assert _cells(table["verdict"])[-5:] == [None] * 5  # the paper has no bf16 rows here
 
 
 # --- downstream ------------------------------------------------------------------------------------------
@@ -394,50 +327,46 @@ def _downstream(recipe: str, seed: int, core9: float, mmlu: float | None, **extr
     return path, {"policy": "cold_d50_replay", "aggregates": aggregates}
 
 
-def test_downstream_vs_paper_aggregates_percent_over_seeds_and_drops_missing_scores():
+def test_downstream_scores_read_recipe_and_seed_from_the_path_and_drop_missing_scores():
     records = [
         _downstream("bf16", 1, 0.5, 0.25, mmlu_pro_mc=0.125),
         _downstream("bf16", 2, 0.75, None),  # MMLU unscored, MMLU-Pro absent
-        _downstream("ue5m3_b16", 1, 0.625, 0.375, mmlu_pro_mc=None),
+        (Path("/abs/eval/downstream/mxfp4/seed7/step8/current_tensor.json"), _downstream("x", 1, 0.25, 0.5)[1]),
+    ]
+    scores = comparisons.downstream_scores(records)
+    assert list(zip(scores["recipe"], scores["seed"], scores["benchmark"], scores["score"], strict=True)) == [
+        ("bf16", 1, "core_9mcqa_olmes", 50.0),
+        ("bf16", 1, "mmlu_olmes", 25.0),
+        ("bf16", 1, "mmlu_pro_mc", 12.5),
+        ("bf16", 2, "core_9mcqa_olmes", 75.0),
+        ("mxfp4", 7, "core_9mcqa_olmes", 25.0),
+        ("mxfp4", 7, "mmlu_olmes", 50.0),
+    ]
+
+
+def test_downstream_vs_paper_pairs_per_seed_and_benchmark():
+    records = [
+        _downstream("bf16", 1, 0.5, 0.25),
+        _downstream("bf16", 2, 0.75, 0.5),
+        _downstream("ue5m3_b16", 1, 0.625, 0.375),
+        _downstream("ue5m3_b16", 2, 0.75, 0.5),
     ]
     paper = pd.DataFrame(
         {
-            "config": ["bf16", "bf16", "bf16", "ue5m3_b16"],
-            "benchmark": ["core_9mcqa_olmes", "mmlu_olmes", "mmlu_pro_mc", "core_9mcqa_olmes"],
-            "score_percent": [65.0, 40.0, 11.0, 64.0],
-            "examples": [18320, 28084, 12032, 18320],
+            "config": ["bf16", "bf16", "ue5m3_b16"],
+            "benchmark": ["core_9mcqa_olmes", "mmlu_olmes", "core_9mcqa_olmes"],
+            "score_percent": [65.0, 40.0, 64.0],
+            "examples": [18320, 28084, 18320],
         }
     )
     table = comparisons.downstream_vs_paper(records, paper)
-    _assert_frame(
-        table.drop(columns=AGREEMENT_COLUMNS),
-        {
-            "recipe": ["bf16", "bf16", "bf16", "ue5m3_b16", "ue5m3_b16"],
-            "benchmark": ["core_9mcqa_olmes", "mmlu_olmes", "mmlu_pro_mc", "core_9mcqa_olmes", "mmlu_olmes"],
-            "mean": [62.5, 25.0, 12.5, 62.5, 37.5],
-            "min": [50.0, 25.0, 12.5, 62.5, 37.5],
-            "max": [75.0, 25.0, 12.5, 62.5, 37.5],
-            "count": [2, 1, 1, 1, 1],
-            "paper": [65.0, 40.0, 11.0, 64.0, NAN],
-            "gap_to_bf16_ours": [0.0, 0.0, 0.0, 0.0, 12.5],
-            "gap_to_bf16_paper": [0.0, 0.0, 0.0, -1.0, NAN],
-        },
-    )
-    assert _cells(table["difference"]) == [None, None, None, 1.0, None]
-    assert _cells(table["agrees"]) == [None, None, None, False, None]  # level with BF16 vs the paper's -1 point
-
-
-def test_downstream_vs_paper_reads_recipe_and_seed_from_the_path():
-    records = [
-        (Path("/abs/eval/downstream/mxfp4/seed7/step8/current_tensor.json"), _downstream("x", 1, 0.25, 0.5)[1]),
-        (Path("/abs/eval/downstream/mxfp4/seed9/step8/current_tensor.json"), _downstream("x", 1, 0.75, 0.5)[1]),
-    ]
-    table = comparisons.downstream_vs_paper(records, reference.load("olmes_aggregates"))
-    assert table["recipe"].tolist() == ["mxfp4", "mxfp4"]
-    assert table["count"].tolist() == [2, 2]  # two seeds, not one
-    assert table["mean"].tolist() == [50.0, 50.0]
-    assert table["paper"].isna().all()  # the paper has no mxfp4 run
-    assert table["gap_to_bf16_ours"].isna().all() and table["agrees"].isna().all()  # and we ran no BF16 here
+    assert table["benchmark"].tolist() == ["core_9mcqa_olmes", "mmlu_olmes"]
+    core = table.iloc[0]
+    assert core["recipe"] == "ue5m3_b16" and core["score"] == 68.75 and core["paper_score"] == 64.0
+    assert core["effect"] == 6.25 and core["paper_effect"] == -1.0 and core["verdict"] == "inconclusive"
+    mmlu = table.iloc[1]
+    assert mmlu["effect"] == 6.25 and pd.isna(mmlu["paper_effect"])  # 12.5 and 0.0 points; no paper number
+    assert mmlu["verdict"] == "inconclusive"
 
 
 # --- emulator identification -----------------------------------------------------------------------------
@@ -462,18 +391,18 @@ def test_emulator_identification_vs_paper_appends_the_papers_unmatched_rows(tmp_
             "total": [258, 7, 7],
         }
     )
-    table = comparisons.emulator_identification_vs_paper(ours, paper)
+    table = comparisons.emulator_identification_vs_paper(ours, paper, hardware_fits=["fit_a", "fit_b"])
     assert list(table.columns) == comparisons.EMULATOR_IDENTIFICATION_COLUMNS
     assert {c: str(table[c].dtype) for c in ("passed", "total", "paper_passed", "paper_total")} == dict.fromkeys(
         ("passed", "total", "paper_passed", "paper_total"), "Int64"
     )
     assert _csv(tmp_path, table.drop(columns=["difference", "relative_difference", "tolerance"])) == (
-        "fit,experiment,variant,candidate,passed,total,paper_passed,paper_total,share,paper_share,agrees\n"
-        f"fit_a,order,rne_16,c1,5,10,143,258,0.5,{143 / 258!r},True\n"
-        f"fit_a,order,rne_16,c2,7,10,143,258,0.7,{143 / 258!r},True\n"
+        "fit,experiment,variant,candidate,passed,total,paper_passed,paper_total,share,paper_share,verdict\n"
+        f"fit_a,order,rne_16,c1,5,10,143,258,0.5,{143 / 258!r},reproduced\n"
+        f"fit_a,order,rne_16,c2,7,10,143,258,0.7,{143 / 258!r},reproduced\n"
         "fit_a,order,rne_8,c1,1,10,,,0.1,,\n"
-        f"fit_b,witness,group64,c1,6,7,6,7,{6 / 7!r},{6 / 7!r},True\n"
-        ",witness,decoded,,,,0,7,,0.0,\n"
+        f"fit_b,witness,group64,c1,6,7,6,7,{6 / 7!r},{6 / 7!r},reproduced\n"
+        ",witness,decoded,,,,0,7,,0.0,not run\n"
     )
     assert table["tolerance"].eq(comparisons.IDENTIFICATION_TOLERANCE.describe()).all()
 
@@ -493,8 +422,10 @@ def test_emulator_identification_agrees_when_both_or_neither_side_matches_every_
     paper = pd.DataFrame(
         {"experiment": ["order"] * 4, "variant": variants, "passed": [258, 251, 143, 258], "total": [258] * 4}
     )
-    table = comparisons.emulator_identification_vs_paper(ours, paper)
-    assert _cells(table["agrees"]) == [True, False, True, False]
+    table = comparisons.emulator_identification_vs_paper(ours, paper, hardware_fits=["f"])
+    assert _cells(table["verdict"]) == ["reproduced", "contradicted", "reproduced", "contradicted"]
+    synthetic = comparisons.emulator_identification_vs_paper(ours, paper)  # an emulator's fit tests the fitter
+    assert _cells(synthetic["verdict"]) == ["not run"] * 4
 
 
 def test_emulator_identification_vs_paper_covers_the_shipped_reference_once_per_candidate():
@@ -541,16 +472,16 @@ def test_grid_regression_control_vs_paper_means_and_bit_identity_per_arm(tmp_pat
             "difference": [0.0, 0.0, None, None, 0.0, -1.0],
             "relative_difference": [0.0, 0.0, None, None, 0.0, -1.0],
             "tolerance": [mse.describe()] * 4 + [same.describe()] * 2,
-            "agrees": [True, True, None, None, True, False],
+            "verdict": ["reproduced", "reproduced", "not run", None, "reproduced", "contradicted"],
         },
     )
     assert _csv(tmp_path, table.drop(columns="tolerance")).splitlines()[1:] == [
-        "bf16,mean_final_eval_mse,0.375,0.375,0.0,0.0,True",
-        "rne,mean_final_eval_mse,1.5,1.5,0.0,0.0,True",
-        "rtz,mean_final_eval_mse,,0.75,,,",
+        "bf16,mean_final_eval_mse,0.375,0.375,0.0,0.0,reproduced",
+        "rne,mean_final_eval_mse,1.5,1.5,0.0,0.0,reproduced",
+        "rtz,mean_final_eval_mse,,0.75,,,not run",
         "sr,mean_final_eval_mse,4.25,,,,",
-        "rne,bit_identical_across_grids,1.0,1.0,0.0,0.0,True",
-        "sr,bit_identical_across_grids,0.0,1.0,-1.0,-1.0,False",
+        "rne,bit_identical_across_grids,1.0,1.0,0.0,0.0,reproduced",
+        "sr,bit_identical_across_grids,0.0,1.0,-1.0,-1.0,contradicted",
     ]
 
 
@@ -566,7 +497,8 @@ def test_grid_regression_control_mse_agrees_within_10_percent():
     )
     paper = pd.DataFrame({"arm": ["rne", "sr"], "metric": ["mean_final_eval_mse"] * 2, "value": [1.0, 1.0]})
     table = comparisons.grid_regression_control_vs_paper(runs, paper)
-    assert _cells(table["agrees"]) == [True, False, None, None]  # 9.4% and 12.5% off; identity rows: no paper
+    # 9.4% and 12.5% off; identity rows: no paper
+    assert _cells(table["verdict"]) == ["reproduced", "contradicted", None, None]
 
 
 # --- parity ----------------------------------------------------------------------------------------------

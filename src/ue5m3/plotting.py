@@ -396,3 +396,25 @@ def add_caption(fig: Figure, text: str) -> None:
     height = (len(lines) * CAPTION_FONTSIZE * 1.25 + 4) / 72 / fig.get_figheight()  # a fraction of the figure
     engine.set(rect=(0.0, height, 1.0, 1.0 - height))
     fig.text(0.01, height, "\n".join(lines), ha="left", va="top", fontsize=CAPTION_FONTSIZE, color="0.3")
+
+
+def paired_effects(ax: Any, table: Any, *, ylabel: str, paper_label: str = "paper (one seed)") -> None:
+    """Bars of a paired comparison table (:mod:`ue5m3.experiments.comparisons.recipes`): per row (its ``label``),
+    our mean paired effect with its 95% t interval over seeds (no bar where we did not run it), beside the paper's
+    effect (hatched), each bar's verdict written under it."""
+    import numpy as np
+
+    x = np.arange(len(table))
+    effect = table["effect"].astype(float).to_numpy()
+    low = table["interval_low"].astype(float).to_numpy()
+    high = table["interval_high"].astype(float).to_numpy()
+    err = np.vstack([np.nan_to_num(effect - low), np.nan_to_num(high - effect)])
+    ax.bar(x - 0.2, effect, 0.4, yerr=err, capsize=3, color=OURS_COLOR, label="ours: mean paired difference (95% t)")
+    paper = table["paper_effect"].astype(float).to_numpy()
+    ax.bar(x + 0.2, paper, 0.4, color="white", edgecolor=PAPER_COLOR, hatch="//", label=paper_label)
+    ax.axhline(0, color="black", linewidth=0.6)
+    pairs = zip(table["label"], table["verdict"], strict=True)
+    ticks = [f"{textwrap.fill(lab, 14)}\n{verdict}" for lab, verdict in pairs]
+    ax.set_xticks(list(x), ticks)
+    ax.tick_params(axis="x", labelsize=6.5)
+    ax.set_ylabel(ylabel)

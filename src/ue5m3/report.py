@@ -15,9 +15,10 @@ import html
 import os
 from pathlib import Path
 
+from ue5m3 import stages
 from ue5m3.artifacts import atomic_path
 
-__all__ = ["render", "pdf_to_png", "csv_to_html", "DPI"]
+__all__ = ["render", "pdf_to_png", "csv_to_html", "claims_section", "DPI"]
 
 DPI = 110  # readable on a laptop screen at the figures' 6-7 inch widths
 
@@ -39,27 +40,54 @@ def pdf_to_png(pdf: str | os.PathLike[str], png: str | os.PathLike[str], *, dpi:
     return png
 
 
+VERDICT_COLUMNS = ("verdict", "agrees")
+"""Columns that say what a comparison concluded: shown first."""
+LABEL_COLUMNS = ("recipe", "config", "configuration")
+"""Columns holding recipe names: shown as the paper's labels (:func:`ue5m3.stages.label`)."""
+SIGNIFICANT = 4
+
+
+def display_value(column: str, text: str) -> str:
+    """A table cell as a reader should see it: recipes by their labels, floats to 4 significant digits (integers
+    with thousands separators), everything else as written."""
+    if column in LABEL_COLUMNS:
+        return stages.label(text)
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if text.strip().lstrip("-").isdigit():
+        return f"{int(text):,}"
+    if number != number or number in (float("inf"), float("-inf")):
+        return text
+    return f"{number:,.0f}" if abs(number) >= 10**SIGNIFICANT else f"{number:.{SIGNIFICANT}g}"
+
+
 def csv_to_html(table: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
-    """Write ``table`` (CSV with a header row) as one HTML page holding the table and its file name."""
+    """Write ``table`` (CSV with a header row) as one HTML page holding the table and its file name: the verdict
+    first, recipes by their labels, numbers rounded for reading (the CSV keeps every digit)."""
     table, out = Path(table), Path(out)
     with table.open(newline="") as handle:
         rows = list(csv.reader(handle))
     if not rows:
         raise ValueError(f"{table} is empty (no header row)")
     header, body = rows[0], rows[1:]
-    cells = "".join(f"<th>{html.escape(name)}</th>" for name in header)
+    order = [i for i, name in enumerate(header) if name in VERDICT_COLUMNS]
+    order += [i for i in range(len(header)) if i not in order]
+    cells = "".join(f"<th>{html.escape(header[i])}</th>" for i in order)
     lines = [f"<tr>{cells}</tr>"]
     for row in body:
-        lines.append("<tr>" + "".join(f"<td>{html.escape(value)}</td>" for value in row) + "</tr>")
+        shown = (display_value(header[i], row[i]) if i < len(row) else "" for i in order)
+        lines.append("<tr>" + "".join(f"<td>{html.escape(value)}</td>" for value in shown) + "</tr>")
     page = (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
         f"{html.escape(table.name)}</title><style>"
         "body{font-family:sans-serif;font-size:13px;margin:8px}table{border-collapse:collapse}"
-        "th,td{border:1px solid #bbb;padding:3px 6px;text-align:left}th{background:#eee}"
+        "th,td{border:1px solid #bbb;padding:3px 6px;text-align:left;vertical-align:top}th{background:#eee}"
+        "td{max-width:28em}"
         "</style></head><body>"
-        f"<p><b>{html.escape(table.name)}</b> ({len(body)} rows)</p><table>\n"
-        + "\n".join(lines)
-        + "\n</table></body></html>\n"
+        f"<p><b>{html.escape(table.name)}</b> ({len(body)} rows; numbers to {SIGNIFICANT} significant digits, every "
+        "digit in the CSV)</p><table>\n" + "\n".join(lines) + "\n</table></body></html>\n"
     )
     with atomic_path(out) as tmp:
         tmp.write_text(page)
@@ -76,3 +104,33 @@ def render(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     if not source.is_file():
         raise FileNotFoundError(f"{source} does not exist")
     return convert(source, out)
+
+
+CLAIMS_SHOWN = ("verdict", "statement", "paper_section", "scale", "effect", "interval_low", "interval_high", "mde",
+                "paper_effect")  # fmt: skip
+
+
+def _rst_cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "/") or "-"
+
+
+def claims_section(claims_csv: str | os.PathLike[str]) -> str:
+    """The report front page's section of the paper's claims: a reStructuredText list-table of ``claims.csv``
+    (verdict first, numbers rounded), or a line saying where it will come from while the file does not exist."""
+    claims_csv = Path(claims_csv)
+    head = "The paper's claims\n==================\n\n"
+    if not claims_csv.is_file():
+        return head + f"The claims table appears here once {claims_csv} exists (rule claims_figures makes it).\n"
+    with claims_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    lines.append("   * - " + "\n     - ".join(CLAIMS_SHOWN))
+    for row in rows:
+        cells = [_rst_cell(display_value(c, row.get(c, ""))) for c in CLAIMS_SHOWN]
+        lines.append("   * - " + "\n     - ".join(cells))
+    intro = (
+        "Each claim of the paper, decided from this run: paired over seeds where both configurations train per seed "
+        "(95% t interval, minimum detectable effect at 80% power), reproduced, contradicted, inconclusive or not run "
+        f"(the whole table, with notes: {claims_csv.name}).\n\n"
+    )
+    return head + intro + "\n".join(lines) + "\n"

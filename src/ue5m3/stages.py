@@ -26,8 +26,11 @@ __all__ = [
     "figure_rules",
     "category",
     "stage_table",
+    "figures_table",
     "PRODUCERS",
     "producer",
+    "RECIPE_LABELS",
+    "label",
 ]
 
 
@@ -64,6 +67,7 @@ class Figure:
 
 
 STAGES: tuple[Stage, ...] = (
+    Stage("claims", "The paper's claims, decided", "sections 5-7 and appendices A-C", 0),
     Stage("range_analysis", "Range of the block-scale formats", "sections 4.1 and 5.2", 1),
     Stage("accumulation", "Statistics of the probe-matched FP32 accumulation", "appendix C", 2),
     Stage("training", "Pretraining quality and stability", "sections 7.1-7.3", 3),
@@ -85,6 +89,29 @@ _SCALE = (
 )
 
 FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "claims",
+        "csv",
+        "claims_figures",
+        "table",
+        "claims",
+        "The claims table",
+        "Each claim of the paper with the experiment that tests it, the scale it ran at ("
+        + "{{ snakemake.config['training']['model'] }}), our effect paired over seeds with its 95% t interval and "
+        "minimum detectable effect at 80% power, the paper's effect, and the verdict: reproduced (the interval "
+        "excludes zero on the paper's side), contradicted (on the other side), inconclusive, or not run.",
+    ),
+    Figure(
+        "claims_effects",
+        "pdf",
+        "claims_figures",
+        "figure",
+        "claims",
+        "The claims on one axis",
+        "Every claim's paired effect in units of the paper's effect (1 = the paper's effect, in its direction; the "
+        "equivalence claim in units of its margin), our 95% interval as a bar, the paper's value as a hollow marker; "
+        "the verdict beside each claim's name.",
+    ),
     Figure(
         "range_codebooks",
         "pdf",
@@ -436,6 +463,16 @@ def stage_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def figures_table() -> str:
+    """``figures/README.md``'s table: every figure and comparison table with its stage, the paper's section and the
+    rule that draws it (Markdown)."""
+    lines = ["| file | stage (paper) | drawn by | shows |", "|---|---|---|---|"]
+    for f in sorted(FIGURES, key=lambda entry: stage(entry.stage).order):
+        s = stage(f.stage)
+        lines.append(f"| `{f.file}` | {s.title} ({s.paper}) | `{f.rule}` | {f.title} |")
+    return "\n".join(lines) + "\n"
+
+
 FIGURES += (
     Figure(
         "conformance",
@@ -491,3 +528,23 @@ def producer(path: str) -> str | None:
         if fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern.removesuffix("*")):
             return rule
     return None
+
+
+RECIPE_LABELS: dict[str, str] = {
+    "bf16": "BF16",
+    "ue5m3_b16": "UE5M3 B16 (proposed)",
+    "ue5m3_b32": "UE5M3 B32",
+    "ue5m3_torch_control": "UE5M3 B16 torch control",
+    "ue5m3_te_settings": "UE5M3 B16 TE settings",
+    "nvfp4_te": "TE NVFP4",
+    "nvfp4_no_rht_all_linears": "NVFP4 no RHT, all linears",
+    "mxfp4": "MXFP4",
+    "ue5m3_b16_t2048_override": "UE5M3 B16, T = 2048 override",
+}
+"""The paper's names of its configurations (experiments spec section 1), as every figure and table shows them."""
+
+
+def label(recipe: str) -> str:
+    """A recipe's label in figures and tables: the paper's name for its configurations, else the recipe's own
+    name (a recipe the paper did not run, such as a study's)."""
+    return RECIPE_LABELS.get(recipe, recipe)

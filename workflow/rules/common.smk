@@ -1,4 +1,4 @@
-"""Helpers for all rule files: the config loaded once, paths, each job's --config, resources, and the figures.
+"""Helpers of every file of rules: the config loaded once, paths, each job's --config, resources, and the figures.
 
 All Python logic of the workflow lives here (style guide rule 10); rule files only call these helpers. The config
 is validated against the schema generated from ue5m3.pipeline.sections, then loaded and checked as a whole
@@ -13,6 +13,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from ue5m3 import artifacts
+from ue5m3 import report as ue5m3_report
 from ue5m3 import config as configs
 from ue5m3 import pipeline
 from ue5m3.evaluation.inference import InferencePolicy
@@ -33,7 +34,7 @@ os.environ.setdefault("UE5M3_SOURCE", str(workflow.basedir))
 # The rules call `ue5m3`, and the notebook rules Jupyter, from PATH: the tools installed beside the Python that runs
 # Snakemake come first, so `.venv/bin/snakemake ...` works with nothing exported (a job's conda environment, where
 # one is used, puts its own first).
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 TRAINING, CONTROL = PIPELINE.training, PIPELINE.control
 EVALUATION, IDENT, THROUGHPUT = (
@@ -147,7 +148,7 @@ def environment(kind):
 def caption_file(name):
     """The report caption of one figure, written from its registry entry (a Jinja template) into .snakemake/."""
     path = Path(".snakemake", "ue5m3-captions", f"{name}.rst").resolve()  # the working directory's
-    text = stages.figure(name).caption + "\n"
+    text = f"{stages.figure(name).caption}\n"
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -167,6 +168,19 @@ def figure_outputs(rule):
             labels={"item": item.title, "file": item.file},
         )
     return outputs
+
+
+def report_front_page():
+    """The report's front page: workflow/report/workflow.rst, then the claims table (figures/claims.csv) once it
+    exists, written into .snakemake/ (the verdict first, numbers rounded for reading: ue5m3.report)."""
+    text = (Path(workflow.basedir) / "workflow" / "report" / "workflow.rst").read_text()
+    claims = Path(figure_path("claims.csv"))
+    path = Path(".snakemake", "ue5m3-report", "front_page.rst").resolve()
+    page = f"{text}\n{ue5m3_report.claims_section(claims)}\n"
+    if not path.is_file() or path.read_text() != page:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page)
+    return str(path)
 
 
 def all_figures():

@@ -1,17 +1,18 @@
-"""Agreement of our numbers with the paper's: the last four columns of every ``figures/*_vs_paper.csv`` table.
+"""Agreement of measured numbers with the paper's: the last four columns of the measurement tables among
+``figures/*_vs_paper.csv`` (accumulation statistics, the scale snapshot, emulator identification, the grid control,
+throughput).
 
-A comparison is only as good as the tolerance it is judged by, so every verdict carries its tolerance in words:
-the rule (:class:`Criterion`: a quantitative bound, the same sign, or the same all-cells verdict) and why it
-means something for that quantity. Two kinds occur (the tolerances themselves are chosen beside each table in
-:mod:`ue5m3.experiments.comparisons`):
-
-- the same experiment on both sides (appendix C's accumulation statistics, the tiny grid-regression control):
-  a bound from the sampling spread, e.g. three standard deviations of a binomial share;
-- CPU-scale runs beside the paper's 8B ones (training, validation, downstream): only the direction of an effect
-  against BF16 compares, so the verdict is qualitative and the tolerance says so.
+Where both sides ran the same experiment (appendix C's accumulation statistics, the tiny grid-regression control, the
+snapshot's counts, a native throughput run) the comparison is judged by a tolerance stated in words: the rule
+(:class:`Criterion`: a quantitative bound, or the same all-cells verdict) and why it means something for that
+quantity (a sampling spread, e.g. three standard deviations of a binomial share). The recipe comparisons, whose
+runs differ in scale from the paper's, are judged instead by paired statistics over seeds
+(:mod:`ue5m3.experiments.comparisons.recipes`).
 
 :func:`with_agreement` appends ``difference`` (ours - paper), ``relative_difference`` (that over ``|paper|``),
-``tolerance`` and ``agrees``, with nullable dtypes so a cell without a value is written empty.
+``tolerance`` and ``verdict``: ``reproduced`` within the tolerance, ``contradicted`` outside it, ``not run`` where the
+paper has a number and we do not (the experiment did not run here, e.g. one that needs native hardware); nullable
+dtypes, so a cell without a value is written empty.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from ue5m3.experiments.paired import Verdict
 
 __all__ = ["Criterion", "Tolerance", "AGREEMENT_COLUMNS", "with_agreement"]
 
@@ -32,9 +34,6 @@ class Criterion(StrEnum):
 
     CLOSE = "close"
     """Quantitative: ``|ours - paper| <= absolute + relative * |paper|`` (numpy.isclose's rule; 0 and 0: equal)."""
-    SIGN = "sign"
-    """Qualitative: ours has the paper's sign (CPU-scale runs beside 8B numbers: only an effect's direction
-    compares; 0 is a sign of its own)."""
     COMPLETE = "complete"
     """Qualitative, for a share of cells: both sides reproduce every cell (share 1), or neither does."""
 
@@ -67,9 +66,7 @@ class Tolerance:
 
     def describe(self) -> str:
         """The rule and its reason in words, e.g. ``"|ours - paper| <= 10% of |paper| (Monte-Carlo ...)"``."""
-        if self.criterion is Criterion.SIGN:
-            rule = "qualitative: same sign as the paper"
-        elif self.criterion is Criterion.COMPLETE:
+        if self.criterion is Criterion.COMPLETE:
             rule = "qualitative: both reproduce every cell, or neither does"
         elif not (self.absolute or self.relative):
             rule = "exact: ours == paper"
@@ -81,14 +78,12 @@ class Tolerance:
 
     def agrees(self, ours: float, paper: float) -> bool:
         """The verdict for one pair of numbers (both present)."""
-        if self.criterion is Criterion.SIGN:
-            return bool(np.sign(ours) == np.sign(paper))
         if self.criterion is Criterion.COMPLETE:
             return (ours == 1) == (paper == 1)
         return bool(abs(ours - paper) <= self.absolute + self.relative * abs(paper))
 
 
-AGREEMENT_COLUMNS = ["difference", "relative_difference", "tolerance", "agrees"]
+AGREEMENT_COLUMNS = ["difference", "relative_difference", "tolerance", "verdict"]
 """Columns :func:`with_agreement` appends: ours - paper, that over |paper|, the tolerance in words, the verdict."""
 
 
@@ -105,8 +100,9 @@ def with_agreement(
 
     A row is compared when it has a tolerance (``tolerance`` itself, or ``tolerance[row[by]]`` for a mapping: rows
     whose key it lacks are not compared) and ``compare`` (default: every row) holds for it. A compared row states
-    its tolerance; its difference needs both sides, its relative difference also a nonzero paper value, its verdict
-    both sides. Cells without a value are empty (nullable dtypes), never ``nan``.
+    its tolerance; its difference needs both sides, its relative difference also a nonzero paper value; its verdict
+    is ``reproduced`` or ``contradicted`` with both sides and ``not run`` with the paper's side alone. Cells without a
+    value are empty (nullable dtypes), never ``nan``.
 
     Args:
         table: the comparison table (left unchanged).
@@ -118,8 +114,8 @@ def with_agreement(
             baseline whose gap to BF16 is 0 by construction.
 
     Returns:
-        A copy of ``table`` with difference and relative_difference (``Float64``), tolerance (``string``) and
-        agrees (``boolean``) appended; its float columns become ``Float64`` and its text columns ``string``, so
+        A copy of ``table`` with difference and relative_difference (``Float64``), tolerance and verdict
+        (``string``) appended; its float columns become ``Float64`` and its text columns ``string``, so
         that every empty cell is written empty.
 
     Raises:
@@ -140,17 +136,22 @@ def with_agreement(
     compared = tolerances.notna()
     difference = (ours_values - paper_values).where(compared)
     relative = (difference / paper_values.abs()).where((paper_values != 0).fillna(False))
-    verdicts = [
-        rule.agrees(float(o), float(p)) if isinstance(rule, Tolerance) and pd.notna(o) and pd.notna(p) else pd.NA
-        for rule, o, p in zip(tolerances, ours_values, paper_values, strict=True)
-    ]
+    verdicts = [_verdict(rule, o, p) for rule, o, p in zip(tolerances, ours_values, paper_values, strict=True)]
     out = _nullable(table)
     out["difference"] = difference
     out["relative_difference"] = relative.where(compared)
     described = [rule.describe() if isinstance(rule, Tolerance) else None for rule in tolerances]
     out["tolerance"] = pd.array(described, dtype="string")
-    out["agrees"] = pd.array(verdicts, dtype="boolean")
+    out["verdict"] = pd.array(verdicts, dtype="string")
     return out
+
+
+def _verdict(rule: Tolerance | None, ours: Any, paper: Any) -> str | None:
+    if not isinstance(rule, Tolerance) or pd.isna(paper):
+        return None
+    if pd.isna(ours):
+        return Verdict.NOT_RUN.value
+    return (Verdict.REPRODUCED if rule.agrees(float(ours), float(paper)) else Verdict.CONTRADICTED).value
 
 
 def _nullable(table: pd.DataFrame) -> pd.DataFrame:
