@@ -135,3 +135,25 @@ def test_candidates_against_exact_rationals(name: str, block: int) -> None:
     for row in range(6):
         expected = _reference([Fraction(float(p)) for p in products[row]], parse(name), block)
         assert Fraction(float(out[row])) == expected, (name, row)
+
+
+@pytest.mark.parametrize(
+    ("model", "package_model"), [("mma_sim_hopper_fp8", "hopper_wgmma"), ("mma_sim_blackwell_fp8", "blackwell_tcgen05")]
+)
+@pytest.mark.parametrize("spread", [0.0, 5.0])
+def test_mma_sims_fp8_models_equal_the_mmasim_package(model, package_model, spread) -> None:
+    """E4M3 operands over a wide exponent range, zero rows and columns: the identification's MMA-Sim FP8 models
+    (alignment on operand exponents, e_zero, Hopper's 13-bit output) equal mmasim 2.1.1 bit for bit."""
+    pytest.importorskip("mmasim", reason="mmasim is not installed (pip install 'ue5m3[conformance]')")
+    from ue5m3.conformance.adapters.mmasim import fp8_gemm
+    from ue5m3.identify.mma_models import t_fdpa_chain
+
+    g = torch.Generator().manual_seed(int(spread) + 3)
+    a = torch.randn(6, 192, generator=g) * torch.exp2(spread * torch.randn(6, 192, generator=g))
+    b = torch.randn(192, 4, generator=g) * torch.exp2(spread * torch.randn(192, 4, generator=g))
+    a, b = (torch.nan_to_num(t.clamp(-448, 448).to(torch.float8_e4m3fn).float()) for t in (a, b))
+    a[0, :64], b[::3, 1] = 0.0, 0.0
+    rows, cols = torch.arange(6).repeat_interleave(4), torch.arange(4).repeat(6)
+    expected = fp8_gemm(a, b, package_model)[rows, cols].contiguous()
+    got = t_fdpa_chain(a[rows], b[:, cols].t(), model)
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))

@@ -63,3 +63,36 @@ def test_paper_tables_skip_variants_the_best_candidate_cannot_take() -> None:
     rows = table.paper_tables("w32-fused13-rtz-p128")
     widths = [r["variant"] for r in rows if r["experiment"] == "order_tests_group_width"]
     assert widths == ["rtz_32", "rtz_64"]
+
+
+class _MmaSimOracle:
+    """MMA-Sim's Hopper FP8 wgmma model as a stand-in for an H100's torch._scaled_mm (the mmasim package itself)."""
+
+    name = "mmasim:hopper_wgmma"
+
+    def outputs(self, probe):
+        from ue5m3.conformance.adapters.mmasim import fp8_gemm
+
+        return fp8_gemm(probe.a, probe.b, "hopper_wgmma")[probe.rows, probe.cols]
+
+    def describe(self):
+        return {"kind": "mmasim", "model": "hopper_wgmma"}
+
+
+def test_the_hopper_fp8_identification_names_the_mma_sim_model_that_matches() -> None:
+    """MMA-Sim's Hopper and Blackwell FP8 models are matched beside the fitted candidates: against the mmasim
+    package's Hopper wgmma model, the fit names mma_sim_hopper_fp8 and no other hardware model."""
+    pytest.importorskip("mmasim", reason="mmasim is not installed (pip install 'ue5m3[conformance]')")
+    corpus = make_corpus(CorpusConfig(**{**SMALL.__dict__, "scheme": FP8}))
+    grid = candidate_grid(
+        slice_widths=(32,), partial_bits=(13,), promotions=(None, 128), final_grids=(None,), extra=(), exact_sum=False
+    )
+    table = fit(corpus, _MmaSimOracle(), grid)
+    assert table.identified_models() == ["mma_sim_hopper_fp8"]
+    assert "mma_sim_blackwell_fp8" in table.candidates and "mma_sim_blackwell_fp4" not in table.candidates
+    assert table.best() in {c.name for c in grid}  # the best fitted candidate is still a grid candidate
+
+
+def test_block_scaled_fits_match_mma_sims_fp4_model_beside_the_candidates(corpus: Corpus) -> None:
+    table = fit(corpus, EmulatorOracle("w64-exact-rtz-g1024"), candidate_grid())
+    assert "mma_sim_blackwell_fp4" in table.candidates and "mma_sim_hopper_fp8" not in table.candidates

@@ -24,6 +24,7 @@ import torch
 from ue5m3 import logs
 from ue5m3.identify.candidates import BASELINES, Candidate, accumulate_cells, parse
 from ue5m3.identify.corpus import Corpus
+from ue5m3.identify.mma_models import MODELS, applies, model_outputs
 from ue5m3.identify.probes import Probe
 from ue5m3.numerics.exact import snap
 from ue5m3.numerics.formats import Rounding
@@ -77,8 +78,12 @@ class MatchTable:
         return sum(self.total.values())
 
     def identified(self) -> list[str]:
-        """Candidates (not baselines) that match every cell of every probe."""
-        return [c for c in self.candidates if c not in BASELINES and self.score(c) == self.cells]
+        """Fitted candidates (not baselines, not MMA-Sim's models) that match every cell of every probe."""
+        return [c for c in self.candidates if c not in (*BASELINES, *MODELS) and self.score(c) == self.cells]
+
+    def identified_models(self) -> list[str]:
+        """The MMA-Sim hardware models (:mod:`.mma_models`) that match every cell of every probe."""
+        return [c for c in self.candidates if c in MODELS and self.score(c) == self.cells]
 
     def best(self) -> str:
         """The best-scoring candidate; ties go to the coarsest final grid that keeps the score (as the paper
@@ -95,7 +100,7 @@ class MatchTable:
                 name,
             )
 
-        return min((c for c in self.candidates if c not in BASELINES), key=key)
+        return min((c for c in self.candidates if c not in BASELINES and c not in MODELS), key=key)
 
     def paper_tables(self, best: str | None = None) -> list[dict[str, Any]]:
         """Rows (experiment, variant, candidate, passed, total) shaped like the paper's appendix-B tables."""
@@ -115,7 +120,9 @@ class MatchTable:
                     }
                 )
 
-        widths = sorted({parse(c).slice_width for c in self.candidates if c not in BASELINES} - {None})
+        widths = sorted(
+            {parse(c).slice_width for c in self.candidates if c not in BASELINES and c not in MODELS} - {None}
+        )
         for rounding in (Rounding.RNE, Rounding.RTZ):
             for width in widths:
                 try:
@@ -123,7 +130,9 @@ class MatchTable:
                 except ValueError:  # e.g. a slice as wide as the best candidate's promotion interval
                     continue
                 add("order_tests_group_width", f"{rounding.value}_{width}", "order", variant)
-        grids = sorted({parse(c).final_grid for c in self.candidates if c not in BASELINES} - {None})
+        grids = sorted(
+            {parse(c).final_grid for c in self.candidates if c not in BASELINES and c not in MODELS} - {None}
+        )
         add("order_tests_final_grid", "none", "order", replace(best_c, final_grid=None))
         for grid in grids:
             add("order_tests_final_grid", f"1/{grid}", "order", replace(best_c, final_grid=grid))
@@ -153,6 +162,7 @@ def fit(
     *,
     labels: Mapping[str, torch.Tensor] | None = None,
     baselines: Sequence[str] = BASELINES,
+    models: Sequence[str] = MODELS,
     progress: bool = False,
 ) -> MatchTable:
     """Match every candidate (and the torch baselines) against the oracle on every probe of the corpus.
@@ -164,6 +174,8 @@ def fit(
         candidates: the candidate models (see :func:`.candidates.candidate_grid`).
         labels: precomputed oracle outputs per probe family.
         baselines: torch baselines to include.
+        models: MMA-Sim's hardware models (:mod:`.mma_models`) to match beside the candidates; those that do not
+            compute every probe of the corpus (FP8 models on block-scaled probes, say) are left out.
         progress: show progress over accumulator passes (a bar on a terminal, log lines elsewhere).
 
     Returns:
@@ -175,7 +187,8 @@ def fit(
     by_accumulator: dict[Candidate, list[Candidate]] = defaultdict(list)
     for candidate in candidates:
         by_accumulator[candidate.accumulator].append(candidate)
-    names = [*baselines, *(c.name for c in candidates)]
+    models = [m for m in models if all(applies(m, probe) for probe in corpus.probes.values())]
+    names = [*baselines, *models, *(c.name for c in candidates)]
     passed: dict[str, dict[str, int]] = {name: {} for name in names}
     total: dict[str, int] = {}
     bar = logs.Progress(
@@ -186,6 +199,8 @@ def fit(
         total[family] = probe.rows.numel()
         for name in baselines:
             passed[name][family] = int(matches(probe, baseline_outputs(probe, name), truth).sum())
+        for name in models:
+            passed[name][family] = int(matches(probe, model_outputs(probe, name), truth).sum())
         products, alpha = probe.products(), probe.encoded()[2]
         for accumulator, members in by_accumulator.items():
             acc = accumulate_cells(products, accumulator, block=probe.block)

@@ -127,6 +127,7 @@ def fit_emulator(
         "cells": dict(table.total),
         "candidates": len(grid),
         "identified": identified,
+        "identified_hardware_models": table.identified_models(),
         "best": best,
         "top": [{"candidate": name, "passed": table.score(name), "total": table.cells} for name in ranking],
         "hidden": hidden,
