@@ -1,0 +1,117 @@
+"""The conformance stage (ue5m3.conformance): every cell judged, peers that are missing shown as such, counterexamples
+loadable, the matrix versioned with the peers' versions, and the cells this project knows by heart held to their
+verdicts (MMA-Sim, gfloat and the casts bit-exact; fouroversix, torchao and Transformer Engine's transcription
+different only by named causes)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ue5m3.conformance import judge, operations
+from ue5m3.conformance.known import KNOWN
+from ue5m3.conformance.run import ConformanceConfig, run
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory) -> tuple[list[dict], dict, Path]:
+    out = tmp_path_factory.mktemp("conformance")
+    paths = run(ConformanceConfig(rows=32, cols=128), out)
+    with open(paths["matrix"]) as handle:
+        cells = list(csv.DictReader(handle))
+    return cells, json.loads(paths["provenance"].read_text()), out
+
+
+def _cell(cells, operation, peer):
+    (row,) = [c for c in cells if c["operation"] == operation and c["peer"] == peer]
+    return row
+
+
+def test_every_operation_has_one_judged_cell_and_the_peers_versions_are_recorded(matrix):
+    cells, record, _ = matrix
+    assert len(cells) == len(operations.OPERATIONS)
+    assert {c["verdict"] for c in cells} <= {v.value for v in judge.Verdict}
+    assert set(record["peers"]) == {op.peer for op in operations.OPERATIONS}
+    assert record["known_differences"] == KNOWN and len(record["corpus_sha256"]) == 64
+    for cell in cells:
+        if cell["verdict"] not in ("not_installed", "not_run"):
+            assert int(cell["elements"]) > 0, cell
+        for cause in filter(None, cell["known_difference"].split(";")[0].split(", ")):
+            assert cause in KNOWN, cause
+
+
+def test_a_differing_cell_names_its_cause_and_saves_a_loadable_counterexample(matrix):
+    cells, _, out = matrix
+    for cell in cells:
+        if cell["verdict"] == "different":
+            assert cell["known_difference"] and cell["counterexample"], cell
+            record = torch.load(out / "counterexamples" / cell["counterexample"])
+            i = record["first_differing_index"]
+            assert record["ours"][i].view(torch.int32) != record["theirs"][i].view(torch.int32)
+            assert record["input"].dtype == torch.float32 and record["peer"] == cell["peer"]
+
+
+@pytest.mark.parametrize(
+    ("operation", "peer"),
+    [
+        ("block-scaled GEMM (nvfp4)", "mmasim"),
+        ("block-scaled GEMM (mxfp4)", "mmasim"),
+        ("block-scaled GEMM (ue5m3_b16, as FP16 scales)", "mmasim"),
+        ("ue5m3 cast (RNE)", "gfloat"),
+        ("e2m1 cast (RNE)", "ml_dtypes"),
+    ],
+)
+def test_the_cells_that_must_agree_are_bit_exact(matrix, operation, peer):
+    pytest.importorskip(peer)
+    assert _cell(matrix[0], operation, peer)["verdict"] == "bit_exact"
+
+
+@pytest.mark.parametrize(
+    ("operation", "peer", "cause"),
+    [
+        ("4/6 selection (MSE)", "fouroversix", "fouroversix_negative_zero"),
+        ("nvfp4 quantize (torchao order)", "torchao", "torchao_scale_floor"),
+        ("mxfp4 quantize (floor)", "torchao", "torchao_e8m0_min_scale"),
+        ("nvfp4 quantize (TE order)", "transformer-engine", "te_negative_zero"),
+    ],
+)
+def test_known_differences_explain_every_differing_element(matrix, operation, peer, cause):
+    if peer != "transformer-engine":
+        pytest.importorskip(peer)
+    cell = _cell(matrix[0], operation, peer)
+    assert cell["verdict"] == "different" and cell["known_difference"] == cause
+
+
+def test_the_stochastic_cell_states_its_test_and_p_value(matrix):
+    pytest.importorskip("gfloat")
+    cell = _cell(matrix[0], "e2m1 stochastic rounding", "gfloat")
+    assert cell["verdict"] == "equal_in_distribution" and "chi-square" in cell["detail"] and "p = " in cell["detail"]
+
+
+def test_a_peer_that_is_not_installed_is_a_cell_not_a_skip(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mmasim" else real(name, *a))
+    paths = run(ConformanceConfig(rows=8, cols=64), tmp_path)
+    with open(paths["matrix"]) as handle:
+        cells = [c for c in csv.DictReader(handle) if c["peer"] == "mmasim"]
+    assert cells and all(c["verdict"] == "not_installed" for c in cells)
+    assert all("pip install 'ue5m3[conformance]'" in c["detail"] for c in cells)
+
+
+def test_ulp_distance_counts_fp32_steps_and_the_sign_of_zero():
+    a = torch.tensor([1.0, 0.0, -0.0, float("nan"), 1.0])
+    b = torch.tensor([torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item(), -0.0, -0.0, float("nan"), 2.0])
+    assert judge.ulp_distance(a, b).tolist() == [1.0, 1.0, 0.0, 0.0, float(1 << 23)]
+
+
+def test_the_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        ConformanceConfig(cols=100)
+    with pytest.raises(ValueError, match="p_value_threshold"):
+        ConformanceConfig(p_value_threshold=1.5)
