@@ -63,6 +63,12 @@ cells["column"] = [
     for p, s in zip(cells["peer"], cells["source"], strict=True)
 ]
 
+# %% [markdown]
+# ## The matrix
+#
+# One cell per (operation, peer), coloured by its verdict; a differing cell names the first known difference that
+# explains it (the table lists them all, with the counterexample files).
+
 # %%
 grid = cells.pivot_table(index="operation", columns="column", values="verdict", aggfunc="first")
 grid = grid.loc[list(dict.fromkeys(cells["operation"]))]
