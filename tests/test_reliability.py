@@ -221,9 +221,9 @@ def test_a_non_finite_loss_stops_any_run_before_it_is_stepped_or_checkpointed(tm
     original = train.loss_fn
     calls = {"n": 0}
 
-    def poisoned(model, inputs, targets):
+    def poisoned(model, inputs, targets, **kwargs):
         calls["n"] += 1
-        loss = original(model, inputs, targets)
+        loss = original(model, inputs, targets, **kwargs)
         return loss * float("nan") if calls["n"] == 3 else loss
 
     monkeypatch.setattr(train, "loss_fn", poisoned)

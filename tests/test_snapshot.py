@@ -66,6 +66,40 @@ def test_capture_does_one_forward_and_backward_without_an_update():
     assert all(p.grad is None for p in model.parameters())
 
 
+def _plain_capture(model, window, names):
+    """The snapshot's pass as it was before it was made to fit the 8B model on one GPU: the whole FP32 logits,
+    every parameter's gradient, no block checkpointed."""
+    seen = {}
+    handles = [
+        model.get_submodule(n).register_full_backward_hook(
+            lambda m, gi, go, n=n: seen.__setitem__(n, go[0].detach().reshape(-1, m.out_features).clone())
+        )
+        for n in names
+    ]
+    logits = model(window[None, :-1])
+    torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[1:]).backward()
+    for handle in handles:
+        handle.remove()
+    model.zero_grad(set_to_none=True)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["nemotron_h_debug", "dense_debug"])
+def test_the_lean_capture_gives_the_dy_of_the_plain_pass_bit_for_bit(name):
+    """Checkpointed blocks, the head in chunks and gradients only from the first hooked block on change none of the
+    captured dY bits (the head's chunked loss changes only the loss's summation order, which dY does not read)."""
+    from ue5m3.training import parallelize
+
+    model = models.build(name, device="cpu", generator=torch.Generator().manual_seed(0))
+    window = torch.randint(0, 4096, (257,), generator=torch.Generator().manual_seed(1))
+    names = default_modules(model)
+    reference = _plain_capture(model, window, names)
+    parallelize.checkpoint_blocks(model, range(len(models.blocks(model))))
+    lean = capture(model, window, names, loss_chunk=64)
+    assert all(torch.equal(lean[n].dy, reference[n]) for n in names)
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())  # restored, nothing left
+
+
 def test_run_snapshot_writes_counts_and_histograms(run, tmp_path):
     run_dir, validation = run
     paths = run_snapshot(run_dir, tmp_path, window=validation.windows[0])

@@ -155,3 +155,84 @@ def test_inconsistent_shapes_raise_value_error(change):
 def test_nonpositive_chunk_size_raises():
     with pytest.raises(ValueError, match="chunk_size"):
         ssd_scan(**_inputs(t=4), chunk_size=0)
+
+
+# ----- the scan in passes over groups of heads --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("groups_per_pass", [1, 2, 3])
+@pytest.mark.parametrize("chunk_size", [4, 16])
+def test_the_scan_in_passes_equals_the_sequential_recurrence(groups_per_pass, chunk_size):
+    inp = _inputs(t=37, h=8, g=4)
+    y, state = ssd_scan(**inp, chunk_size=chunk_size, groups_per_pass=groups_per_pass)
+    y_ref, state_ref = ssd_sequential(**inp)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=TOL)
+    torch.testing.assert_close(state, state_ref, rtol=0, atol=TOL)
+
+
+def _fp32_inputs(**shape):
+    return {k: v.float().requires_grad_() for k, v in _inputs(**shape).items()}
+
+
+@pytest.mark.parametrize("groups_per_pass", [1, 3])
+def test_the_scan_in_passes_and_its_gradients_agree_with_one_pass_to_fp32_rounding(groups_per_pass):
+    """Heads never mix: the outputs agree (here to the bit), the gradients to FP32 rounding (B's and C's go
+    through batched GEMMs of fewer groups, whose kernels may order a reduction differently)."""
+    inp = _fp32_inputs(b=1, t=100, h=16, p=8, g=4, n=12)
+    upstream = [torch.randn(1, 100, 16, 8), torch.randn(1, 16, 8, 12)]
+
+    def run(passes):
+        y, state = ssd_scan(**inp, chunk_size=16, groups_per_pass=passes)
+        grads = torch.autograd.grad((y * upstream[0]).sum() + (state * upstream[1]).sum(), list(inp.values()))
+        return y.detach(), state.detach(), grads
+
+    y1, s1, g1 = run(None)
+    y2, s2, g2 = run(groups_per_pass)
+    torch.testing.assert_close(y2, y1, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(s2, s1, rtol=1e-6, atol=1e-6)
+    for name, a, b in zip(inp, g1, g2, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_the_scan_in_passes_saves_no_quadratic_intermediates():
+    """Autograd saves the [B, H, c, L, L] forms of a one-pass scan; the passes save only their inputs (their
+    checkpoints keep views of the scan's own tensors) and recompute the rest in the backward pass."""
+    inp = _fp32_inputs(b=1, t=256, h=16, p=4, g=4, n=4)
+
+    def saved(passes):
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y, _ = ssd_scan(**inp, chunk_size=128, groups_per_pass=passes)
+        y.sum().backward()
+        return total[0]
+
+    quadratic = 16 * 2 * 128 * 128 * 4  # one [1, H, c, L, L] FP32 tensor (c = 2 chunks of 128)
+    assert saved(None) > 2 * quadratic
+    assert saved(1) < quadratic / 4
+
+
+def test_a_pass_count_that_is_not_a_positive_int_is_refused():
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="groups_per_pass"):
+            ssd_scan(**_inputs(t=8), chunk_size=4, groups_per_pass=bad)
+
+
+def test_the_model_runs_its_scans_in_passes_when_set_from_outside():
+    from ue5m3 import models
+
+    model = models.build("nemotron_h_debug", device="cpu", generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 4096, (1, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = model(tokens)
+        assert models.set_ssd_groups_per_pass(model, 1) == 3  # the debug model's three Mamba-2 mixers
+        passes = model(tokens)
+    assert "groups_per_pass=1" in repr(model)
+    torch.testing.assert_close(passes, whole, rtol=1e-6, atol=1e-6)
+    assert models.set_ssd_groups_per_pass(models.build("dense_debug"), 1) == 0
+    with pytest.raises(ValueError, match="groups must be None or a positive int"):
+        models.set_ssd_groups_per_pass(model, 0)

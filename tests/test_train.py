@@ -196,14 +196,15 @@ def test_native_execution_is_refused_for_a_recipe_without_a_native_path(tmp_path
         _config(tmp_path, recipe="ue5m3_b16", steps=1, execution="native_te")
 
 
-def test_data_parallel_is_checked_and_auto_follows_the_execution_path(tmp_path):
+def test_data_parallel_is_checked_and_auto_is_fsdp2_on_both_execution_paths(tmp_path):
     nvfp4 = {"recipe": "nvfp4_te", "recipe_overrides": LAST_LAYER_BF16, "steps": 1}
     assert _config(tmp_path, **nvfp4).parallelism == "fsdp2"
-    assert _config(tmp_path, **nvfp4, execution="native_te").parallelism == "ddp"
+    assert _config(tmp_path, **nvfp4, execution="native_te").parallelism == "fsdp2"  # sharded, not replicated
+    assert _config(tmp_path, **nvfp4, execution="native_te", data_parallel="ddp").parallelism == "ddp"
     with pytest.raises(ValueError, match="data_parallel: must be one of"):
         _config(tmp_path, recipe="bf16", steps=1, data_parallel="zero3")
-    with pytest.raises(ValueError, match="data_parallel: 'fsdp2' with execution 'native_te'"):
-        _config(tmp_path, **nvfp4, execution="native_te", data_parallel="fsdp2")
+    with pytest.raises(ValueError, match="param_dtype: 'bfloat16' is FSDP2's mixed precision"):
+        _config(tmp_path, recipe="bf16", steps=1, data_parallel="ddp", param_dtype="bfloat16")
 
 
 def test_final_record_says_the_run_was_emulated(tmp_path):

@@ -9,6 +9,12 @@ rounded RNE to UE5M3. Counted per module and target: zero blocks, nonzero raw co
 codes that round to zero before repair, saturated codes (u above UE5M3's max). Histograms bin log10|value| of
 X, W, dY, the block maxima and the raw codes in 0.125-wide bins over [-16, 8). This illustrates codebook
 placement at one checkpoint; it is not a replay of the D = 50 history.
+
+The pass runs as the trainer runs the 8B step, so that it fits on one GPU: every block checkpointed (recomputed in
+the backward pass), the FP32 head and cross entropy in chunks of 256 positions
+(:func:`ue5m3.training.loss.chunked_cross_entropy`), and parameter gradients only where the hooked modules' dY
+needs them (the blocks from the first hooked one on). None of this changes dY's bits on the CPU (tested): the
+chunked loss changes the loss only by FP32 summation order, and dY never reads the head's weight gradient.
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ue5m3 import config, models
@@ -30,8 +35,9 @@ from ue5m3.artifacts import provenance, write_csv, write_json
 from ue5m3.evaluation.inference import default_device, load_checkpoint_weights
 from ue5m3.layers.linear import layer_index
 from ue5m3.numerics import formats
-from ue5m3.training import checkpoint
+from ue5m3.training import checkpoint, parallelize
 from ue5m3.training.config import read_run_config
+from ue5m3.training.loss import HEAD_CHUNK, lm_loss
 
 __all__ = [
     "SnapshotConfig",
@@ -97,8 +103,24 @@ def _select(model: nn.Module, patterns: Sequence[str] | None) -> list[str]:
     return chosen
 
 
-def capture(model: nn.Module, window: torch.Tensor, modules: Sequence[str]) -> dict[str, Capture]:
+def _needs_grad(model: nn.Module, modules: Sequence[str]) -> list[nn.Parameter]:
+    """The parameters whose gradients the hooked modules' dY needs computed: those of the blocks from the first
+    hooked one on (so the activations from there on require gradients); everything when a hooked module lies
+    outside the blocks. The others are set not to require gradients for the pass (no gradient memory for them)."""
+    layers = [layer_index(name) for name in modules]
+    if any(layer is None for layer in layers):
+        return list(model.parameters())
+    first = min(layers)
+    return [p for n, p in model.named_parameters() if (layer_index(n) is not None and layer_index(n) >= first)]
+
+
+def capture(
+    model: nn.Module, window: torch.Tensor, modules: Sequence[str], *, loss_chunk: int = HEAD_CHUNK
+) -> dict[str, Capture]:
     """One training-mode forward and backward of ``window`` (int64 [L + 1]) with hooks; no parameter update.
+
+    The loss is the trainer's (:func:`ue5m3.training.loss.lm_loss`, ``loss_chunk`` positions per FP32 head chunk;
+    0: all at once); only the parameters :func:`_needs_grad` names require gradients during the pass.
 
     Returns:
         module name -> :class:`Capture` on the CPU (the pass runs on the model's device); gradients are cleared
@@ -120,14 +142,18 @@ def capture(model: nn.Module, window: torch.Tensor, modules: Sequence[str]) -> d
 
         handles += [module.register_forward_hook(forward_hook), module.register_full_backward_hook(backward_hook)]
     was_training = model.training
+    requires = {p: p.requires_grad for p in model.parameters()}
+    needed = {id(p) for p in _needs_grad(model, modules)}
     model.train()
     try:
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        loss.backward()
+        for p in model.parameters():
+            p.requires_grad_(id(p) in needed and requires[p])
+        lm_loss(model, inputs, targets, chunk=loss_chunk, autocast=False).backward()  # high precision, no autocast
     finally:
         for handle in handles:
             handle.remove()
+        for p, flag in requires.items():
+            p.requires_grad_(flag)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     return {
@@ -240,6 +266,7 @@ def run_snapshot(
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
     model.to_empty(device=torch.device(device) if device is not None else default_device())
     model.load_state_dict(state)
+    parallelize.checkpoint_blocks(model, range(len(models.blocks(model))))  # as the trainer's 8B step
     if window is None:
         from ue5m3 import data
 

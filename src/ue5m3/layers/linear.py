@@ -38,7 +38,7 @@ from torch import nn
 
 from ue5m3.layers.matmul import FP4Matmul, LinearCall, LinearPolicy
 from ue5m3.layers.recipes import GemmModel, Operand, Recipe
-from ue5m3.layers.telemetry import LinearTelemetry, QuantStats
+from ue5m3.layers.telemetry import LinearTelemetry, OperandChecks, QuantStats, is_recomputing
 from ue5m3.layers.weight_cache import WeightCache, WeightCaching
 from ue5m3.numerics.backend import Backend
 from ue5m3.numerics.philox import SRState
@@ -112,8 +112,18 @@ class QuantLinear(nn.Module):
         """What :class:`FP4Matmul` needs for one call on ``x`` [T, in] (FP32): X's and then W's reference taken
         now (none for schemes whose scales read only their block), the handle that takes dY's in the backward pass,
         the SR streams and token places of dY's two copies (training only), the weight cache under the scale
-        state's weight epoch, and the layer's diagnostics on ``x``'s device."""
-        policy, state, checks = self.policy, self.scale_state, self.telemetry.checks
+        state's weight epoch, and the layer's diagnostics on ``x``'s device.
+
+        A forward pass recomputed under activation checkpointing (:func:`~ue5m3.layers.telemetry.recomputing`)
+        resolves the same call: the scale state is inside the same step, so X's and W's references are the held
+        ones (nothing refreshes, no collective runs); the SR streams are keyed by the same step and microbatch (and
+        the backward pass uses the first forward pass's call anyway); the weight cache holds the same epoch. Only
+        its diagnostics go to a scratch accumulator and a throw-away check list, so the step counts each fprop
+        operand and each deferred check once."""
+        policy, state = self.policy, self.scale_state
+        recompute = is_recomputing()
+        checks = OperandChecks() if recompute else self.telemetry.checks
+        counts = self.telemetry.scratch_on(x.device) if recompute else self.telemetry.counts_on(x.device)
         epoch = state.weight_epoch if state is not None else None
         if not policy.scheme.uses_tensor_amax:  # MX scales read only their block: no references to take or hold
             state = None
@@ -138,7 +148,7 @@ class QuantLinear(nn.Module):
             dy_bits=bits,
             weights=self.weight_cache,
             weight_epoch=epoch,
-            counts=self.telemetry.counts_on(x.device),
+            counts=counts,
             checks=checks,
         )
 

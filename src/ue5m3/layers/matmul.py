@@ -267,8 +267,11 @@ class FP4Matmul(torch.autograd.Function):
         wt_q = _weight(call, Operand.FPROP_WEIGHT, weight)
         # fprop: [T, in] @ [in, out] -> Y [T, out] FP32
         y = _gemm(call, (Operand.FPROP_ACTIVATION, x_q), (Operand.FPROP_WEIGHT, wt_q))
-        ctx.wgrad_x = wgrad_x[0].pack() if wgrad_x else None
-        ctx.save_for_backward(weight, *(ctx.wgrad_x.tensors() if wgrad_x else ()))
+        packed = wgrad_x[0].pack() if wgrad_x else None
+        # autograd holds the packed tensors (save_for_backward: dropped and recomputed under activation
+        # checkpointing); ctx keeps only their layout, so nothing else keeps them alive
+        ctx.save_for_backward(weight, *(packed.tensors() if packed is not None else ()))
+        ctx.wgrad_x = packed.with_tensors((None,) * len(packed.tensors())) if packed is not None else None
         ctx.x_dtype, ctx.call = x.dtype, call
         return y
 

@@ -10,7 +10,9 @@ fallback to the emulator. Results record which path produced them (:func:`execut
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -30,6 +32,7 @@ __all__ = [
     "autocast",
     "autocast_with",
     "convert_native",
+    "recompute_contexts",
     "execution_path",
 ]
 
@@ -103,6 +106,31 @@ def autocast_with(te_recipe_object: Any) -> Any:
 def autocast(recipe: Recipe) -> Any:
     """TE's autocast context for the project recipe (see :func:`autocast_with`)."""
     return autocast_with(te_recipe(recipe))
+
+
+@contextlib.contextmanager
+def _both(first: Any, second: Any) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+def recompute_contexts(recipe: Recipe) -> Callable[[], tuple[Any, Any]]:
+    """The ``context_fn`` of a checkpointed block holding ``te.Linear`` modules, as Transformer Engine 2.16's
+    ``te.distributed.checkpoint(..., use_reentrant=False)`` sets its contexts: the first forward pass inside TE's
+    activation-recompute forward context, the recomputation inside its recompute-phase context and the run's
+    ``te.autocast`` (the backward pass, where the recomputation runs, is outside the forward pass's autocast).
+    Torch's checkpoint restores torch's own autocast state itself."""
+    _check_recipe(recipe)
+    require_native()
+    from transformer_engine.pytorch.distributed import get_activation_recompute_contexts  # noqa: PLC0415
+
+    te_recipe_object = te_recipe(recipe)
+
+    def contexts() -> tuple[Any, Any]:
+        forward, recompute = get_activation_recompute_contexts()
+        return forward, _both(recompute, autocast_with(te_recipe_object))
+
+    return contexts
 
 
 def convert_native(model: nn.Module, recipe: Recipe, *, select: list[str]) -> tuple[ConversionRecord, ...]:

@@ -18,13 +18,17 @@ raises the first failure in the order the checks were made across the model, as 
 The rows keep what a per-layer, per-operand report needs. The fprop rows are written by the forward pass only,
 the other four by the backward pass only (the wgrad copy of X, quantized in the forward pass, is counted when the
 wgrad GEMM consumes it), so a forward pass recomputed under activation checkpointing touches only the fprop rows
-and can be left uncounted by resolving its call with a scratch accumulator.
+and is left uncounted by resolving its call with a scratch accumulator: whoever recomputes a forward pass does it
+inside :func:`recomputing`, and :func:`is_recomputing` tells the layer (:meth:`LinearTelemetry.scratch_on`; its
+checks go to a throw-away :class:`OperandChecks`, since the first forward pass made them already).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -32,7 +36,17 @@ from ue5m3.layers.recipes import Operand
 from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.quantize import QuantizedTensor
 
-__all__ = ["COUNTS", "OperandChecks", "raise_pending", "LinearTelemetry", "ModelChecks", "QuantStats", "count"]
+__all__ = [
+    "COUNTS",
+    "OperandChecks",
+    "raise_pending",
+    "LinearTelemetry",
+    "ModelChecks",
+    "QuantStats",
+    "count",
+    "recomputing",
+    "is_recomputing",
+]
 
 COUNTS = ("zero_rounded_blocks", "saturated_blocks", "underflowed_blocks", "quantized_blocks")
 """The columns of a layer's counts (and the keys of :meth:`QuantStats.pop`)."""
@@ -40,6 +54,27 @@ COUNTS = ("zero_rounded_blocks", "saturated_blocks", "underflowed_blocks", "quan
 _ROWS = {operand: row for row, operand in enumerate(Operand)}
 
 _ORDER = itertools.count()  # when a check was first recorded, across every layer of the process
+
+# how many recomputations enclose the running code, per thread: the autograd engine runs a CUDA backward pass (and
+# with it the recomputation it triggers) on its own thread
+_RECOMPUTE = threading.local()
+
+
+@contextlib.contextmanager
+def recomputing() -> Iterator[None]:
+    """Mark the forward passes run inside as recomputations of forward passes already made (activation
+    checkpointing): the FP4 linears count nothing and defer no check in them (:func:`is_recomputing`)."""
+    depth = getattr(_RECOMPUTE, "depth", 0)
+    _RECOMPUTE.depth = depth + 1
+    try:
+        yield
+    finally:
+        _RECOMPUTE.depth = depth
+
+
+def is_recomputing() -> bool:
+    """Whether the running code is inside :func:`recomputing` (on this thread)."""
+    return getattr(_RECOMPUTE, "depth", 0) > 0
 
 
 def count(counts: torch.Tensor, operand: Operand, q: QuantizedTensor) -> None:
@@ -100,6 +135,7 @@ class LinearTelemetry:
     def __init__(self) -> None:
         self.counts: torch.Tensor | None = None
         self.checks = OperandChecks()
+        self._scratch: torch.Tensor | None = None
 
     def counts_on(self, device: torch.device) -> torch.Tensor:
         """The counts on ``device`` (allocated at the first call, moved with the layer)."""
@@ -108,6 +144,12 @@ class LinearTelemetry:
         elif self.counts.device != device:
             self.counts = self.counts.to(device)
         return self.counts
+
+    def scratch_on(self, device: torch.device) -> torch.Tensor:
+        """An accumulator shaped like the counts that nothing reads: where a recomputed forward pass counts."""
+        if self._scratch is None or self._scratch.device != device:
+            self._scratch = torch.zeros((len(_ROWS), len(COUNTS)), dtype=torch.int64, device=device)
+        return self._scratch
 
 
 class ModelChecks:

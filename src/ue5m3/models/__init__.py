@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ue5m3.models.dense import DenseConfig, DenseTransformer
-from ue5m3.models.nemotron_h import BLOCK_KINDS, NemotronH, NemotronHConfig
+from ue5m3.models.nemotron_h import BLOCK_KINDS, Mamba2Mixer, NemotronH, NemotronHConfig
 
 __all__ = [
     "DenseConfig",
@@ -53,6 +53,7 @@ __all__ = [
     "layer_kinds",
     "names",
     "no_weight_decay",
+    "set_ssd_groups_per_pass",
 ]
 
 ModelConfig = NemotronHConfig | DenseConfig
@@ -209,6 +210,25 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     if isinstance(model, DenseTransformer):
         return list(model.model.layers)
     raise TypeError(f"expected a NemotronH or DenseTransformer, got {type(model).__name__}")
+
+
+def set_ssd_groups_per_pass(model: nn.Module, groups: int | None) -> int:
+    """Run every Mamba-2 mixer's torch SSD scan over the heads of ``groups`` B/C groups at a time, each pass
+    recomputed in the backward pass (:func:`ue5m3.models.ssd.ssd_scan`'s ``groups_per_pass``; None: one pass).
+    A runtime setting of the modules, not of the architecture: the config and the parameters are unchanged.
+
+    Returns:
+        How many mixers were set (0 for a model without Mamba-2 blocks).
+
+    Raises:
+        ValueError: ``groups`` is not None or a positive int.
+    """
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int) or groups < 1):
+        raise ValueError(f"groups must be None or a positive int, got {groups!r}")
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    for mixer in mixers:
+        mixer.scan_groups_per_pass = groups
+    return len(mixers)
 
 
 def no_weight_decay(model: nn.Module) -> list[str]:

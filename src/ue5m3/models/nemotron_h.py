@@ -208,6 +208,9 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.empty(h, device=device))
         self.norm = GatedRMSNorm(d_inner, cfg.mamba_norm_group_size, cfg.layer_norm_epsilon, device=device)
         self.out_proj = nn.Linear(d_inner, cfg.hidden_size, bias=False, device=device)
+        # how the torch scan trades memory for recompute (ssd_scan's groups_per_pass; None: one pass): a runtime
+        # setting of the module, not of the architecture (ue5m3.models.set_ssd_groups_per_pass)
+        self.scan_groups_per_pass: int | None = None
 
     def init_weights(self, generator: torch.Generator | None) -> None:
         cfg = self.cfg
@@ -264,6 +267,7 @@ class Mamba2Mixer(nn.Module):
                 D=self.D,
                 dt_bias=self.dt_bias,
                 dt_limit=cfg.time_step_limit,
+                groups_per_pass=self.scan_groups_per_pass,
             )
         y = y.reshape(b, t, cfg.mamba_d_inner)  # [B, T, H, P] -> [B, T, H*P]
         # A module call, never out_proj.weight: a converted FP4 out_proj must see this GEMM.
@@ -274,6 +278,7 @@ class Mamba2Mixer(nn.Module):
         return (
             f"heads={cfg.mamba_num_heads}, head_dim={cfg.mamba_head_dim}, state={cfg.ssm_state_size}, "
             f"groups={cfg.n_groups}, chunk={cfg.chunk_size}, backend={cfg.ssd_backend}"
+            + (f", groups_per_pass={self.scan_groups_per_pass}" if self.scan_groups_per_pass else "")
         )
 
 

@@ -26,7 +26,7 @@ from ue5m3.layers.native_te import Execution
 from ue5m3.layers.recipes import ModelLayers, Recipe
 from ue5m3.numerics.backend import Backend
 
-__all__ = ["OptimConfig", "TrainConfig", "model_layers", "read_run_config", "RESOLVED_CONFIG"]
+__all__ = ["OptimConfig", "TrainConfig", "model_layers", "read_run_config", "RESOLVED_CONFIG", "BLOCK_KINDS"]
 
 # The resolved config a run writes beside its checkpoints (read back by evaluation).
 RESOLVED_CONFIG = "config.resolved.json"
@@ -94,6 +94,12 @@ def model_layers(model: str, overrides: Mapping[str, Any] | None = None) -> Mode
 
 
 DATA_PARALLEL = ("auto", "fsdp2", "ddp")
+ACTIVATION_CHECKPOINTING = ("none", "every_block", "selective")
+BLOCK_KINDS = ("mamba", "attention", "mlp")
+PARAM_DTYPES = ("float32", "bfloat16")
+FP4_WEIGHT_DTYPES = ("param", "float32")
+GRADIENT_SYNC = ("last_microbatch", "every_microbatch")
+RESHARD_AFTER_FORWARD = ("default", "always", "never")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,9 +130,45 @@ class TrainConfig:
         execution: ``emulated`` (the recipe's GEMM output model, any device) or ``native_te`` (Transformer
             Engine NVFP4 on Blackwell, for recipes with a native path; fails closed elsewhere).
         data_parallel: how many processes share the work: ``fsdp2`` (parameters, gradients and optimizer state
-            sharded per block), ``ddp`` (replicated; gradients all-reduced) or ``auto``: FSDP2 for the emulated
-            path, DDP for ``native_te`` (the data parallelism Transformer Engine's NVFP4 linears support; FSDP2
-            sharding of ``te.Linear`` is not wired). One process uses neither.
+            sharded per block; ``te.Linear`` modules too on the ``native_te`` path, as Transformer Engine 2.16's
+            FSDP2 tests shard them), ``ddp`` (replicated; gradients all-reduced) or ``auto`` (FSDP2). One process
+            uses neither (except a ``bfloat16`` run: FSDP2 over a one-process group, see ``param_dtype``).
+        activation_checkpointing: which residual blocks recompute their forward pass in the backward pass instead
+            of keeping their activations (:mod:`ue5m3.training.parallelize`): ``none``, ``every_block`` or
+            ``selective`` (the blocks of a kind in ``checkpoint_kinds``). The same bits either way, so not part of
+            the run's identity.
+        checkpoint_kinds: the block kinds ``selective`` checkpoints (``mamba``, ``attention``, ``mlp``; a dense
+            layer is both ``attention`` and ``mlp``). The default, Mamba-2 and attention blocks, recomputes the
+            blocks that hold the most activation memory per recomputed FLOP (the scan's [heads, L, L] forms, the
+            T x T scores of a math-kernel attention) and keeps the MLPs', whose two wide GEMMs are the dearest to
+            recompute under FP4 emulation.
+        ssd_groups_per_pass: run the Mamba-2 torch scan over the heads of this many B/C groups at a time, each pass
+            recomputed in the backward pass (:func:`ue5m3.models.ssd.ssd_scan`); 0: all heads in one pass. The
+            forward is the same; the gradients of B and C agree to FP32 rounding, so a non-zero value is part of
+            the run's identity.
+        loss_chunk: positions per chunk of the FP32 head and cross entropy, each chunk recomputed in the backward
+            pass, so the full [tokens, vocab] FP32 logits are never alive (:mod:`ue5m3.training.loss`); 0: the
+            whole microbatch at once. The loss and gradients agree to FP32 summation order (the head's weight
+            gradient sums its chunks), so a non-zero value is part of the run's identity.
+        param_dtype: the parameters' dtype in the forward and backward passes: ``float32``, or ``bfloat16`` as the
+            paper ran (BF16 parameters, FP32 reductions: FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16,
+            reduce_dtype=float32)``, FP32 master weights and optimizer state, gradients accumulated and reduced in
+            FP32). ``bfloat16`` is FSDP2's, whatever the world size: one process runs FSDP2 over a one-process
+            group, and DDP is refused. Part of the run's identity when ``bfloat16``.
+        fp4_weight_dtype: what the FP4 linears quantize when ``param_dtype`` is ``bfloat16``: ``param`` (the
+            all-gathered BF16 weight, as TorchTitan's FSDP gives it to any module: the paper's setup) or
+            ``float32`` (each FP4 linear its own FSDP2 unit all-gathered in FP32, so it quantizes its FP32 master
+            weight; the other parameters stay BF16). Part of the run's identity with ``bfloat16``.
+        gradient_sync: when FSDP2 reduce-scatters gradients: ``last_microbatch`` (accumulated unsharded in FP32 over
+            the step's microbatches, one reduce-scatter per step) or ``every_microbatch`` (sharded after each
+            microbatch: less memory, ``accumulation`` times the traffic). DDP always all-reduces once per step.
+            The same sums in another order, like the world size: not part of the run's identity.
+        fsdp_reshard_after_forward: FSDP2's ``reshard_after_forward`` per block (as torchtitan's policy):
+            ``default`` and ``always`` free each block's gathered parameters after its forward pass (the root's stay
+            gathered for the backward pass), ``never`` keeps every block's. Not part of the identity.
+        fsdp_prefetch: 0: FSDP2's implicit prefetching (the next all-gather issued as the CPU runs ahead in the
+            forward pass, one block ahead in the backward pass); k >= 1: explicit prefetching of the next k blocks
+            in the forward and the previous k in the backward pass. Not part of the identity.
         backend: who computes the emulated quantizations and GEMMs (:class:`ue5m3.numerics.backend.Backend`);
             every backend gives the same bits, so it changes speed, never results.
         restart_on_change: when the run directory holds another run's checkpoints (its settings changed), move it
@@ -153,18 +195,22 @@ class TrainConfig:
     cold_scale_resume: bool = False
     execution: Execution = Execution.EMULATED
     data_parallel: str = "auto"
+    activation_checkpointing: str = "none"
+    checkpoint_kinds: tuple[str, ...] = ("mamba", "attention")
+    ssd_groups_per_pass: int = 0
+    loss_chunk: int = 0
+    param_dtype: str = "float32"
+    fp4_weight_dtype: str = "param"
+    gradient_sync: str = "last_microbatch"
+    fsdp_reshard_after_forward: str = "default"
+    fsdp_prefetch: int = 0
     backend: Backend = Backend.AUTO
     restart_on_change: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "execution", Execution(self.execution))
-        if self.data_parallel not in DATA_PARALLEL:
-            raise ValueError(f"data_parallel: must be one of {list(DATA_PARALLEL)}, got {self.data_parallel!r}")
-        if self.execution is Execution.NATIVE_TE and self.data_parallel == "fsdp2":
-            raise ValueError(
-                "data_parallel: 'fsdp2' with execution 'native_te' is not supported (FSDP2 sharding of te.Linear "
-                "is not wired); use 'ddp' or 'auto'"
-            )
+        object.__setattr__(self, "checkpoint_kinds", tuple(self.checkpoint_kinds))
+        self._check_memory_and_parallelism()
         object.__setattr__(self, "backend", Backend(self.backend))
         for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every"):
             value = getattr(self, key)
@@ -190,12 +236,43 @@ class TrainConfig:
             raise ValueError(f"optim.warmup_steps: {self.optim.warmup_steps} exceeds steps ({self.steps})")
         self._check_references()
 
+    def _check_memory_and_parallelism(self) -> None:
+        """The data-parallel, checkpointing, precision and FSDP2 settings name known choices and fit together."""
+        for key, choices in (
+            ("data_parallel", DATA_PARALLEL),
+            ("activation_checkpointing", ACTIVATION_CHECKPOINTING),
+            ("param_dtype", PARAM_DTYPES),
+            ("fp4_weight_dtype", FP4_WEIGHT_DTYPES),
+            ("gradient_sync", GRADIENT_SYNC),
+            ("fsdp_reshard_after_forward", RESHARD_AFTER_FORWARD),
+        ):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"{key}: must be one of {list(choices)}, got {getattr(self, key)!r}")
+        unknown = sorted(set(self.checkpoint_kinds) - set(BLOCK_KINDS))
+        if unknown or not self.checkpoint_kinds:
+            raise ValueError(
+                f"checkpoint_kinds: at least one of {list(BLOCK_KINDS)}, got {list(self.checkpoint_kinds)!r}"
+            )
+        for key in ("ssd_groups_per_pass", "loss_chunk", "fsdp_prefetch"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key}: must be an int >= 0, got {value!r}")
+        if self.param_dtype == "bfloat16" and self.parallelism != "fsdp2":
+            raise ValueError(
+                "param_dtype: 'bfloat16' is FSDP2's mixed precision (BF16 parameters, FP32 reductions); use "
+                f"data_parallel 'fsdp2' or 'auto', not {self.data_parallel!r}"
+            )
+
     @property
     def parallelism(self) -> str:
-        """``fsdp2`` or ``ddp``: what ``auto`` means for this run's execution path."""
-        if self.data_parallel != "auto":
-            return self.data_parallel
-        return "ddp" if self.execution is Execution.NATIVE_TE else "fsdp2"
+        """``fsdp2`` or ``ddp``: what ``auto`` means (FSDP2, on either execution path)."""
+        return "fsdp2" if self.data_parallel == "auto" else self.data_parallel
+
+    @property
+    def mixed_precision(self) -> bool:
+        """Whether the run computes with BF16 parameters over FP32 masters (``param_dtype: bfloat16``): then it runs
+        FSDP2 on any world size, one process included."""
+        return self.param_dtype == "bfloat16"
 
     def _check_references(self) -> None:
         """The names the run refers to exist: model and its overrides, recipe and its overrides, data, layers."""

@@ -3,9 +3,13 @@
 A run's identity (:func:`run_identity`) is everything that determines its trajectory: the resolved model config
 and recipe (resolved against the model, so BF16 layers and overrides are absolute layer indices), seed, schedule,
 global batch, optimizer, FP4 selection, the cold/warm scale resume, the execution path, the data settings and the
-prepared data's identity (the corpus manifest's and the tokenizer's SHA-256). It leaves out what does not change
-the bits: where and how often the run logs or checkpoints, the backend (every backend gives the same bits), the
-world size itself (only the global batch counts), where the data lie and how many jobs prepared them.
+prepared data's identity (the corpus manifest's and the tokenizer's SHA-256), and the memory and precision settings
+that change the trajectory (BF16 parameters, the chunked loss, the scan's passes: each only when set, so the
+identity of a run that does not use them is what it was before they existed). It leaves out what does not change
+the bits: where and how often the run logs or checkpoints, the backend (every backend gives the same bits),
+activation checkpointing (the recomputed forward gives the same bits), the world size itself (only the global batch
+counts) and the other orders of the same reductions (FSDP2 or DDP, gradient sync per step or per microbatch,
+resharding and prefetching), where the data lie and how many jobs prepared them.
 
 Every checkpoint's manifest records the identity and its SHA-256 :func:`fingerprint`. Before a run resumes,
 :func:`check_identity` compares them with the config's; on a mismatch :class:`RunIdentityError` lists each setting
@@ -76,6 +80,7 @@ def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[s
     assert not recipe.is_relative, f"run_identity needs the recipe resolved for the model, got {recipe.name!r}"
     return config_loader.dump(
         {
+            **_trajectory_settings(cfg),
             "model": cfg.model,
             "model_config": dataclasses.asdict(models.config(cfg.model, **cfg.model_overrides)),
             "recipe": recipe.to_dict(),
@@ -90,6 +95,21 @@ def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[s
             "data": _data_identity(cfg),
         }
     )
+
+
+def _trajectory_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The memory and precision settings that change a run's bits, each only when it departs from the behaviour
+    before it existed (so existing runs keep their fingerprints): BF16 parameters (and what the FP4 linears
+    quantize then), the chunked loss, the scan's passes."""
+    settings: dict[str, Any] = {}
+    if cfg.mixed_precision:
+        settings.update(param_dtype=cfg.param_dtype, fp4_weight_dtype=cfg.fp4_weight_dtype)
+    if cfg.loss_chunk:
+        settings["loss_chunk"] = cfg.loss_chunk
+    model = models.config(cfg.model, **cfg.model_overrides)
+    if 0 < cfg.ssd_groups_per_pass < getattr(model, "n_groups", 0):  # fewer passes than groups: one pass
+        settings["ssd_groups_per_pass"] = cfg.ssd_groups_per_pass
+    return settings
 
 
 def fingerprint(identity: Mapping[str, Any]) -> str:

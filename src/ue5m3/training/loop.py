@@ -7,10 +7,12 @@ Launch (the Snakemake rules call the first form; SLURM jobs the last):
     srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=4 --rdzv-backend c10d -m ue5m3 train --config ...
 
 The build order is fixed (:mod:`~ue5m3.training.build`): build on the meta device, convert the selected linears to FP4,
-``fully_shard`` each block then the root, materialise and load the deterministic initial weights, create the
+checkpoint the chosen blocks, ``fully_shard`` each block then the root (BF16 parameters and FP32 reductions with
+``param_dtype: bfloat16``, as the paper ran), materialise and load the deterministic initial weights, create the
 optimizer. One optimizer step opens one scale step (so all microbatches of a step share the first microbatch's
-references), runs the microbatches, clips the global gradient norm and steps AdamW with the paper's schedule
-(constant, then linear decay over the final 15% to 1% of peak).
+references), runs the microbatches (gradients reduced in the last one only, FSDP2 and DDP alike; the loss's FP32
+head in chunks with ``loss_chunk``, :mod:`~ue5m3.training.loss`), clips the global gradient norm and steps AdamW
+with the paper's schedule (constant, then linear decay over the final 15% to 1% of peak).
 
 A checkpoint holds the model, optimizer, step, data cursor, every RNG state and the scale caches, so stopping at
 any step and resuming reproduces the uninterrupted run exactly; ``cold_scale_resume`` instead drops the caches
@@ -41,7 +43,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ue5m3.artifacts import provenance, write_json
@@ -54,12 +55,13 @@ from ue5m3.layers.linear import (
 from ue5m3.layers.native_te import Execution
 from ue5m3.logs import Progress
 from ue5m3.numerics.philox import SRState
-from ue5m3.training import checkpoint
+from ue5m3.training import checkpoint, parallelize
 from ue5m3.training.build import build_model, build_optimizer
 from ue5m3.training.config import RESOLVED_CONFIG, OptimConfig, TrainConfig
 from ue5m3.training.identity import check_run_dir, run_identity
+from ue5m3.training.loss import lm_loss
 from ue5m3.training.metrics import append_jsonl, truncate_metrics
-from ue5m3.training.ranks import log0, logger, world
+from ue5m3.training.ranks import log0, logger, one_process_group, world
 from ue5m3.training.state import BatchStream, resume, save_checkpoint
 from ue5m3.training.stops import Stopped, StopRequests
 
@@ -95,13 +97,10 @@ class NonFiniteError(FloatingPointError, ValueError):
     """A step's loss, gradient norm or a quantized operand is not finite (raised before the optimizer step)."""
 
 
-def loss_fn(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy in FP32 (BF16 autocast around the body on GPUs; FP32 on the CPU)."""
-    device = next(model.parameters()).device
-    inputs, targets = inputs.to(device), targets.to(device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        logits = model(inputs)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def loss_fn(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int = 0) -> torch.Tensor:
+    """Mean next-token cross entropy in FP32 (BF16 autocast around the body on GPUs; FP32 on the CPU); the head
+    and loss ``chunk`` positions at a time when ``chunk`` > 0 (:func:`ue5m3.training.loss.lm_loss`)."""
+    return lm_loss(model, inputs, targets, chunk=chunk)
 
 
 def _grad_norm(model: nn.Module, clip: float) -> float:
@@ -130,14 +129,13 @@ def _accumulate(
         if sr is not None:
             sr.begin_microbatch(microbatch)
         inputs, targets = stream.next_batch(cfg.micro_batch)
-        # DDP all-reduces the gradients once per step, in the last microbatch's backward
-        last = microbatch == cfg.accumulation - 1
-        with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+        # gradients are reduced once per step, in the last microbatch's backward (FSDP2 and DDP alike)
+        with parallelize.gradient_sync(model, cfg, last=microbatch == cfg.accumulation - 1):
             if cfg.execution is Execution.NATIVE_TE:
                 with native_te.autocast(recipe):
-                    loss = loss_fn(model, inputs, targets)
+                    loss = loss_fn(model, inputs, targets, chunk=cfg.loss_chunk)
             else:
-                loss = loss_fn(model, inputs, targets)
+                loss = loss_fn(model, inputs, targets, chunk=cfg.loss_chunk)
             (loss / cfg.accumulation).backward()
         part = loss.detach().to(torch.float64) / cfg.accumulation
         total = part if total is None else total + part
@@ -258,6 +256,8 @@ def train(
     recipe = cfg.resolved_recipe()  # absolute layer indices of this model, for the build and the identity
     identity = run_identity(cfg, recipe, world_size)
     with contextlib.ExitStack() as stack:
+        if cfg.mixed_precision:  # FSDP2's mixed precision on any world size: one process gets a group of one
+            stack.enter_context(one_process_group())
         if rank == 0:
             stack.enter_context(checkpoint.RunLock(run_dir))
             for path in checkpoint.remove_temporaries(run_dir / "checkpoints"):
@@ -412,6 +412,7 @@ def _finish(run: _Run, step: int) -> Path:
         checkpoint=str(final_ckpt),
         checkpoint_sha256=checkpoint.weights_sha256(manifest),
         execution=native_te.execution_path(run.recipe, run.cfg.execution, run.cfg.backend),
+        parallelism=parallelize.fsdp_settings(run.cfg, world()[1]),
     )
     write_json(run.run_dir / "final.json", record)
     return run.run_dir / "final.json"

@@ -2,9 +2,9 @@
 
 A checkpoint (the file format is :mod:`ue5m3.training.checkpoint`'s) holds four parts of a run's state:
 
-- ``model`` and ``optimizer``: whole state dicts from one process (``full``), or each rank's shards through
-  ``torch.distributed.checkpoint`` from many (``sharded``); either loads onto any world size (:func:`resume`
-  reshards);
+- ``model`` and ``optimizer``: whole state dicts from an unsharded model (``full``: one process), or each rank's
+  shards through ``torch.distributed.checkpoint`` from an FSDP2 one or from many processes (``sharded``); either
+  loads onto any world size (:func:`resume` reshards);
 - ``trainer``: the step, the data cursor (one global cursor, the same on every rank), every RNG state (one per
   rank), the stability counters and the scale caches (delayed amax references; ``cold_scale_resume`` drops them on
   load, as the paper's own runs did);
@@ -30,6 +30,7 @@ from ue5m3.layers.linear import find_scale_state
 from ue5m3.training import checkpoint
 from ue5m3.training.config import TrainConfig
 from ue5m3.training.identity import check_identity, fingerprint
+from ue5m3.training.parallelize import is_sharded
 from ue5m3.training.ranks import log0, world
 
 __all__ = ["BatchStream", "save_checkpoint", "resume"]
@@ -90,9 +91,10 @@ def _rng_for(saved: list, rank: int) -> Mapping[str, Any]:
 def save_checkpoint(
     run_dir: Path, step: int, model, optimizer, stream: BatchStream, counters: dict, identity: Mapping[str, Any]
 ) -> Path:
-    """One process writes a ``full`` checkpoint; many write a ``sharded`` one, each rank its own shards through
-    ``torch.distributed.checkpoint`` (nothing gathered to rank 0). The data cursor is the same on every rank
-    (all ranks advance one global cursor); the RNG states are gathered, one per rank."""
+    """One process with an unsharded model writes a ``full`` checkpoint; many (or an FSDP2 model on one) write a
+    ``sharded`` one, each rank its own shards through ``torch.distributed.checkpoint`` (nothing gathered to rank
+    0). The data cursor is the same on every rank (all ranks advance one global cursor); the RNG states are
+    gathered, one per rank."""
     size = world()[1]
     state = find_scale_state(model)
     trainer = {
@@ -104,7 +106,7 @@ def save_checkpoint(
     }
     meta = {"world_size": size, "identity": dict(identity), "fingerprint": fingerprint(identity)}
     root = run_dir / "checkpoints"
-    if size == 1:
+    if size == 1 and not is_sharded(model):
         parts = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "trainer": trainer}
         return checkpoint.save(root, step, parts, meta=meta)
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -125,7 +127,7 @@ def _load_state(path: Path, manifest: Mapping[str, Any], parts: Mapping[str, Any
     """Model and optimizer state from either checkpoint format onto this run's world size (resharded by
     ``torch.distributed.checkpoint`` when the writer had another)."""
     if checkpoint.checkpoint_format(manifest) == checkpoint.FULL:
-        if world()[1] == 1:
+        if world()[1] == 1 and not is_sharded(model):
             model.load_state_dict(parts["model"])
             optimizer.load_state_dict(parts["optimizer"])
             return
