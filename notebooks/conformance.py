@@ -16,7 +16,6 @@
 #     name: python
 # ---
 
-
 # %% [markdown]
 # # The FP4 conformance matrix (beyond the paper)
 #
