@@ -4,6 +4,8 @@ defines the result, its FP32 order (the 6-candidate (a_B / 6) * G, the 4-candida
 (tests/test_cpu_kernel.py and tests/test_triton_quantize.py run the 4/6 schemes too)."""
 
 import dataclasses
+import json
+import math
 
 import pytest
 import torch
@@ -107,3 +109,64 @@ def test_4over6_schemes_are_refused_without_a_selection_or_with_other_blocks():
         )
     with pytest.raises(ValueError, match="takes no selection"):
         BlockScheme(name="x", scale=get_scheme("nvfp4").scale, block_size=16, target=448.0, selection="mse")
+
+
+FOUR_OVER_SIX_SCHEMES = ("nvfp4_4over6_mae", "ue5m3_b16_4over6_mse")
+
+
+@pytest.mark.parametrize("scheme", FOUR_OVER_SIX_SCHEMES)
+def test_4over6_gemms_multiply_by_the_tensor_scale_factor_of_their_target(scheme):
+    """alpha = (g_A * g_B) / ((256 * 6) * (256 * 6)) for 4/6 operands, as for any tensor-scaled pair (it was 1, so
+    every emulated 4/6 GEMM came out (1536^2 / (g_A * g_B)) times too large and training stopped at step 1), and
+    every GEMM output model agrees with the decoded one: the same encoded operands multiply as those of the
+    tensor-scaled scheme with the same payload and scales."""
+    from ue5m3.numerics import gemm
+
+    g = torch.Generator().manual_seed(7)
+    a_q = quantize(torch.randn(32, 256, generator=g) * 3, scheme, backend="torch")
+    b_q = quantize(torch.randn(256, 24, generator=g) * 0.02, scheme, two_d=True, backend="torch")
+    expected = (a_q.tensor_amax * b_q.tensor_amax) / (torch.tensor(1536.0) * torch.tensor(1536.0))
+    assert torch.equal(gemm.alpha(a_q, b_q), expected)
+    tensor_scaled = [
+        dataclasses.replace(q, scheme=dataclasses.replace(q.scheme, scale_rule="tensor_scaled", selection=None))
+        for q in (a_q, b_q)
+    ]
+    decoded = gemm.matmul(a_q, b_q, "decoded")
+    for model in ("encoded_fp32", "probe_matched", "mma_sim"):
+        got = gemm.matmul(a_q, b_q, model)
+        assert torch.equal(got, gemm.matmul(*tensor_scaled, model)), model
+        # the models differ from the decoded GEMM only by FP32 accumulation (and probe_matched's 1/1024 lattice)
+        assert float((got - decoded).abs().max()) <= 1e-3 * float(decoded.abs().max()), model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "plain"), [("nvfp4_4over6", "nvfp4_te"), ("ue5m3_b16_4over6", "ue5m3_b16")])
+def test_4over6_recipes_train_finitely_beside_their_plain_recipes(tmp_path, recipe, plain):
+    """Three steps of the hybrid debug model with the CPU DAG's layer pattern: every loss and gradient norm finite,
+    and the first step's loss (same weights, same batch) within quantization noise of the recipe without 4/6."""
+    from ue5m3.data import RandomTokenStream
+    from ue5m3.training import loop
+    from ue5m3.training.config import OptimConfig, TrainConfig
+
+    losses = {}
+    for name in (recipe, plain):
+        cfg = TrainConfig(
+            run_dir=str(tmp_path / name),
+            model="nemotron_h_debug",
+            model_overrides={"vocab_size": 4096, "hybrid_override_pattern": "*-M-M-M-M-M-"},
+            recipe=name,
+            seed=3,
+            steps=3,
+            micro_batch=2,
+            accumulation=1,
+            data=None,
+            log_every=1,
+            checkpoint_every=3,
+            optim=OptimConfig(lr=3e-3),
+        )
+        loop.train(cfg, RandomTokenStream(4096, 64))
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [1, 2, 3]
+        assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records), name
+        losses[name] = records[0]["loss"]
+    assert abs(losses[recipe] - losses[plain]) < 0.05

@@ -42,7 +42,6 @@ from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
 from ue5m3.numerics.quantized import QuantizedTensor
-from ue5m3.numerics.schemes import ScaleRule
 
 __all__ = [
     "OutputModel",
@@ -74,7 +73,7 @@ def _operand_factor(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     with g == 0 (chosen on the device: nothing is read back to the host)."""
     scheme = q.scheme
     one = torch.ones((), dtype=torch.float32, device=q.tensor_amax.device)
-    if scheme.scale_rule not in (ScaleRule.TENSOR_SCALED, ScaleRule.MX_ROUND_LOG2):
+    if not scheme.uses_tensor_amax:  # every rule with a tensor scale (4/6 included) needs its factor here
         return one, one
     g = q.tensor_amax.to(torch.float32)
     target_f = torch.tensor(float(scheme.target), dtype=torch.float32) * scheme.element.max_finite
