@@ -8,6 +8,11 @@ take a case raises, naming the tensor and the reason (:func:`fused_kernel`); not
 
 The fused kernels cover E2M1 payloads under every scale rule but ``mx_round_log2`` (an FP64 log2), with scale
 formats whose quanta are FP32 normals; the kernels themselves are imported only when a case asks for them.
+
+Memory planning: inside :func:`planning` (thread-local, opt-in), ``auto`` and ``triton`` take the Triton path for
+tensors on torch's ``meta`` device too, where the kernels allocate exactly what they allocate on a GPU and launch
+nothing (:mod:`ue5m3.numerics.kernels.launch`): a whole training step of the 8B model is counted in seconds.
+Outside it, ``meta`` tensors run the torch path (a placement check: no host reads).
 """
 
 from __future__ import annotations
@@ -19,19 +24,28 @@ from enum import StrEnum
 import torch
 
 from ue5m3.numerics.formats import E2M1
-from ue5m3.numerics.kernels import triton_device_reason
+from ue5m3.numerics.kernels import planning, planning_active, triton_by_default, triton_device_reason
 from ue5m3.numerics.schemes import BlockScheme, ScaleRule
 
-__all__ = ["Backend", "triton_device_reason", "exact_fp32", "fused_kernel", "triton_reason"]
+__all__ = [
+    "Backend",
+    "triton_device_reason",
+    "triton_by_default",
+    "planning",
+    "planning_active",
+    "exact_fp32",
+    "fused_kernel",
+    "triton_reason",
+]
 
 
 class Backend(StrEnum):
     """The backends of :func:`ue5m3.numerics.quantize.quantize` and :func:`ue5m3.numerics.gemm.matmul`."""
 
-    AUTO = "auto"  # the fused kernel of the tensor's device where it covers the case, else torch
+    AUTO = "auto"  # the fused kernel of the tensor's device where it covers the case, else torch (meta: planning())
     TORCH = "torch"  # the reference: plain torch ops, any device
     CPU_KERNEL = "cpu_kernel"  # the fused C kernel (CPU tensors, E2M1 payloads); refuses what it cannot take
-    TRITON = "triton"  # the Triton kernels (CUDA tensors, or CPU ones under TRITON_INTERPRET=1); refuses the rest
+    TRITON = "triton"  # the Triton kernels (CUDA; CPU under TRITON_INTERPRET=1; meta in planning()); refuses the rest
 
 
 @contextlib.contextmanager

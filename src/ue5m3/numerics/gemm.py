@@ -37,7 +37,7 @@ from enum import StrEnum
 
 import torch
 
-from ue5m3.numerics.backend import Backend, exact_fp32
+from ue5m3.numerics.backend import Backend, exact_fp32, triton_by_default
 from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap, twosum_chain_to_fp32
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
@@ -450,7 +450,7 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
     row_budget = (53 - guard) // 2
     use_triton = False
     if model in (OutputModel.PROBE_MATCHED, OutputModel.MMA_SIM) and (
-        backend is Backend.TRITON or (backend is Backend.AUTO and a_q.payload_blocks.device.type == "cuda")
+        backend is Backend.TRITON or (backend is Backend.AUTO and triton_by_default(a_q.payload_blocks.device))
     ):
         reason = _triton_reason(a_q)
         if reason is not None and backend is Backend.TRITON:

@@ -39,7 +39,7 @@ from ue5m3.numerics.arguments import (
     check_request_fields,
     resolve_scheme,
 )
-from ue5m3.numerics.backend import Backend, fused_kernel, triton_reason
+from ue5m3.numerics.backend import Backend, fused_kernel, triton_by_default, triton_reason
 from ue5m3.numerics.checks import DeferredChecks, nonfinite_message
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels.adapters import (
@@ -271,7 +271,7 @@ def quantize_both_axes(
         raise ValueError(f"quantize_both_axes takes a 2-D tensor; {last.name!r} has shape {tuple(x.shape)}")
     for request in (last, first):  # each side's scheme checked before any work (its target, its reference)
         resolve_scheme(scheme, target=request.target, tensor_amax=request.tensor_amax, name=request.name)
-    fused = backend is Backend.TRITON or (backend is Backend.AUTO and x.device.type == "cuda")
+    fused = backend is Backend.TRITON or (backend is Backend.AUTO and triton_by_default(x.device))
     layout = BlockLayout.of(x, scheme.block_size, -1, False, last.name)
     if not (fused and fits_two_axis_kernel(layout, x) and triton_reason(x, scheme) is None):
         first_x, first_axis = (x.t(), -1) if transposed else (x, 0)

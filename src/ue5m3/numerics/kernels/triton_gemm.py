@@ -39,9 +39,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ue5m3.numerics.kernels import triton_device_reason as usable
+from ue5m3.numerics.kernels.launch import Launch, run
+from ue5m3.numerics.kernels.launch import triton_device_reason as usable
 
-__all__ = ["probe_gemm_payload", "mma_sim_payload", "usable", "FAST_BOUND", "MAX_SHIFT", "MIN_SHIFT"]
+__all__ = [
+    "probe_gemm_payload",
+    "probe_gemm_launches",
+    "mma_sim_payload",
+    "usable",
+    "FAST_BOUND",
+    "MAX_SHIFT",
+    "MIN_SHIFT",
+]
 
 FAST_BOUND = 2.0**23  # partial sums below 2^23 quanta: exact in FP32 with a factor-2 margin for the bounds' roundings
 MIN_SHIFT, MAX_SHIFT = -30, 50  # shifts back to encoded units: results stay FP32-normal and exact
@@ -286,11 +295,11 @@ PROBE_TILE_GPU = 128  # on a GPU (untuned: no GPU has run it yet; the GPU check 
 PREPARE_VECTORS = 32  # rows (columns) per program of the preparation pass
 
 
-def _launch(
+def _allocate(
     payload_a, scales_a, payload_b, scales_b, block: int, width: int, alpha, tile: int = TILE
 ) -> tuple[tuple, tuple, torch.Tensor]:
     """The checks and the leading kernel arguments both GEMM kernels share: (pa, sa, pb, sb, alpha, out, m, n, k,
-    B's scale columns), the launch grid and the output."""
+    B's scale columns) with the FP32 copies and the output allocated, the launch grid and the output."""
     reason = usable(payload_a.device)
     if reason is not None:
         raise ValueError(f"backend='triton' cannot run here: {reason}")
@@ -300,15 +309,15 @@ def _launch(
         raise ValueError(f"the Triton GEMMs need A [M, K], B [K, N], blocks of 16s and K a multiple of {width}")
     alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)  # stays on the device
     out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
-    launch = (triton.cdiv(m, tile), triton.cdiv(n, tile))
-    return (pa, sa, pb, sb, alpha, out, m, n, k, sb.shape[1]), launch, out
+    grid = (triton.cdiv(m, tile), triton.cdiv(n, tile))
+    return (pa, sa, pb, sb, alpha, out, m, n, k, sb.shape[1]), grid, out
 
 
 def _prepare(
     payload: torch.Tensor, scales: torch.Tensor, *, operand: str, block: int, column_block: int, width: int, mbits: int
-) -> tuple[torch.Tensor, ...]:
-    """The preparation pass of one operand: (FP16 values shaped like the payload, shifts int32, L1 bounds, max
-    bounds), the last three [rows, slices] for A and [slices, columns] for B."""
+) -> tuple[tuple[torch.Tensor, ...], Launch]:
+    """The preparation pass of one operand, allocated: (FP16 values shaped like the payload, shifts int32, L1
+    bounds, max bounds), the last three [rows, slices] for A and [slices, columns] for B, and its launch."""
     rows, cols = payload.shape
     device = payload.device
     values = torch.empty(rows, cols, dtype=torch.float16, device=device)
@@ -323,17 +332,11 @@ def _prepare(
     shift = torch.empty(stat_shape, dtype=torch.int32, device=device)
     l1 = torch.empty(stat_shape, dtype=torch.float32, device=device)
     largest = torch.empty(stat_shape, dtype=torch.float32, device=device)
-    if n_vectors and k:
-        _prepare_kernel[(triton.cdiv(n_vectors, PREPARE_VECTORS), k // width)](
-            payload,
-            scales,
-            values,
-            shift,
-            l1,
-            largest,
-            n_vectors,
-            *strides,
-            *stat_strides,
+    launch = Launch(
+        _prepare_kernel,
+        (triton.cdiv(n_vectors, PREPARE_VECTORS), k // width),
+        (payload, scales, values, shift, l1, largest, n_vectors, *strides, *stat_strides),
+        dict(
             BLOCK=block,
             WIDTH=width,
             MBITS=mbits,
@@ -342,11 +345,12 @@ def _prepare(
             SHIFT_LOW=MIN_SHIFT,
             SHIFT_HIGH=MAX_SHIFT,
             enable_fp_fusion=False,
-        )
-    return values, shift, l1, largest
+        ),
+    )
+    return (values, shift, l1, largest), launch
 
 
-def probe_gemm_payload(
+def probe_gemm_launches(
     payload_a: torch.Tensor,
     scales_a: torch.Tensor,
     payload_b: torch.Tensor,
@@ -359,50 +363,76 @@ def probe_gemm_payload(
     grid: int | None,
     alpha: torch.Tensor | float,
     scale_mantissa_bits: tuple[int, int] = (3, 3),
-    paths: bool = False,
     tile: int | None = None,
     fast_bound: float = FAST_BOUND,
+) -> tuple[list[Launch], torch.Tensor, torch.Tensor]:
+    """Everything :func:`probe_gemm_payload` allocates, and its launches in order: (launches, output, taken).
+
+    ``scale_mantissa_bits`` are the two scale formats' (the fast path takes at most 6 each: 2 * 6 * (2^7 - 1) is
+    exact in FP16; wider scale formats take the exact path everywhere). ``tile`` (output rows and columns per
+    program; 128 on a GPU, 64 in the interpreter) and ``fast_bound`` (for tests: the bound on partial sums in quanta
+    below which the fast path runs) change the speed, never the bits."""
+    if width % 16 or width % block:
+        raise ValueError(f"probe_gemm_payload needs a slice width of 16s holding whole blocks, got {width}")
+    device = payload_a.device
+    tile = tile or (PROBE_TILE if device.type == "cpu" else PROBE_TILE_GPU)
+    args, launch_grid, out = _allocate(payload_a, scales_a, payload_b, scales_b, block, width, alpha, tile)
+    pa, sa, pb, sb = args[:4]
+    k = pa.shape[1]
+    prepared_a, prepare_a = _prepare(
+        pa, sa, operand="A", block=block, column_block=1, width=width, mbits=scale_mantissa_bits[0]
+    )
+    prepared_b, prepare_b = _prepare(
+        pb, sb, operand="B", block=block, column_block=column_block, width=width, mbits=scale_mantissa_bits[1]
+    )
+    taken = torch.empty(*launch_grid, max(k // width, 1), dtype=torch.uint8, device=device)
+    probe = Launch(
+        _probe_kernel,
+        launch_grid,
+        (
+            *args,
+            prepared_a[0],
+            prepared_b[0],
+            *prepared_a[1:],
+            *prepared_b[1:],
+            taken,
+            float(grid or 1),
+            fast_bound if all(0 <= b <= 6 for b in scale_mantissa_bits) else 0.0,
+        ),
+        dict(
+            BLOCK=block,
+            COLUMN_BLOCK=column_block,
+            WIDTH=width,
+            RTZ=bool(rtz),
+            HARDWARE_RTZ=device.type == "cuda",
+            SNAP=grid is not None,
+            BM=tile,
+            BN=tile,
+            SUB=min(tile, 32),
+            num_warps=8 if tile >= 128 else 4,
+            enable_fp_fusion=False,
+        ),
+    )
+    return [prepare_a, prepare_b, probe], out, taken
+
+
+def probe_gemm_payload(
+    payload_a: torch.Tensor,
+    scales_a: torch.Tensor,
+    payload_b: torch.Tensor,
+    scales_b: torch.Tensor,
+    *,
+    paths: bool = False,
+    **settings,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The probe_matched GEMM from payloads and block scales, like the CPU ``probe_gemm_payload``, but complete by
     itself: a tile-slice either takes the exact tensor-core fast path or forms its slice sum by the TwoSum chain, so
     no span check and no recomputation are needed, and nothing is read back to the host (``alpha`` may be a device
-    tensor). ``scale_mantissa_bits`` are the two scale formats' (the fast path takes at most 6 each: 2 * 6 * (2^7 - 1)
-    is exact in FP16; wider scale formats take the exact path everywhere). With ``paths=True`` also returns
-    which path each tile-slice took: uint8 [row tiles, column tiles, slices], 1 where it took the exact path.
-    ``tile`` (output rows and columns per program; 128 on a GPU, 64 in the interpreter) and ``fast_bound`` (for
-    tests: the bound on partial sums in quanta below which the fast path runs) change the speed, never the bits."""
-    if width % 16 or width % block:
-        raise ValueError(f"probe_gemm_payload needs a slice width of 16s holding whole blocks, got {width}")
-    tile = tile or (PROBE_TILE_GPU if payload_a.device.type == "cuda" else PROBE_TILE)
-    args, launch, out = _launch(payload_a, scales_a, payload_b, scales_b, block, width, alpha, tile)
-    pa, sa, pb, sb = args[:4]
-    k = pa.shape[1]
-    prepared_a = _prepare(pa, sa, operand="A", block=block, column_block=1, width=width, mbits=scale_mantissa_bits[0])
-    prepared_b = _prepare(
-        pb, sb, operand="B", block=block, column_block=column_block, width=width, mbits=scale_mantissa_bits[1]
-    )
-    taken = torch.empty(*launch, max(k // width, 1), dtype=torch.uint8, device=pa.device)
-    _probe_kernel[launch](
-        *args,
-        prepared_a[0],
-        prepared_b[0],
-        *prepared_a[1:],
-        *prepared_b[1:],
-        taken,
-        float(grid or 1),
-        fast_bound if all(0 <= b <= 6 for b in scale_mantissa_bits) else 0.0,
-        BLOCK=block,
-        COLUMN_BLOCK=column_block,
-        WIDTH=width,
-        RTZ=bool(rtz),
-        HARDWARE_RTZ=pa.device.type == "cuda",
-        SNAP=grid is not None,
-        BM=tile,
-        BN=tile,
-        SUB=min(tile, 32),
-        num_warps=8 if tile >= 128 else 4,
-        enable_fp_fusion=False,
-    )
+    tensor). ``settings`` are :func:`probe_gemm_launches`'s. With ``paths=True`` also returns which path each
+    tile-slice took: uint8 [row tiles, column tiles, slices], 1 where it took the exact path. On ``meta`` tensors
+    (inside :func:`~ue5m3.numerics.kernels.launch.planning`) it allocates and launches nothing."""
+    launches, out, taken = probe_gemm_launches(payload_a, scales_a, payload_b, scales_b, **settings)
+    run(launches, out.device)
     return (out, taken) if paths else out
 
 
@@ -509,10 +539,10 @@ def mma_sim_payload(
     min_exponent_b: int,
     alpha: torch.Tensor | float,
 ) -> torch.Tensor:
-    """The mma_sim GEMM (``gemm.matmul(..., "mma_sim")``) as one Triton kernel: the torch path's bits."""
-    args, launch, out = _launch(payload_a, scales_a, payload_b, scales_b, block, 64, alpha)
-    _mma_sim_kernel[launch](
-        *args,
+    """The mma_sim GEMM (``gemm.matmul(..., "mma_sim")``) as one Triton kernel: the torch path's bits (on ``meta``
+    tensors, inside planning, the allocations only)."""
+    args, launch_grid, out = _allocate(payload_a, scales_a, payload_b, scales_b, block, 64, alpha)
+    constants = dict(
         BLOCK=block,
         COLUMN_BLOCK=column_block,
         MIN_EXP_A=min_exponent_a,
@@ -521,4 +551,5 @@ def mma_sim_payload(
         BN=TILE,
         enable_fp_fusion=False,
     )
+    run([Launch(_mma_sim_kernel, launch_grid, args, constants)], out.device)
     return out

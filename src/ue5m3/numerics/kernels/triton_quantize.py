@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ue5m3.numerics.kernels import triton_device_reason as usable
+from ue5m3.numerics.kernels.launch import Launch, run
+from ue5m3.numerics.kernels.launch import triton_device_reason as usable
 
 __all__ = ["quantize_blocks", "quantize_both_axes", "AxisRequest", "usable"]
 
@@ -517,7 +518,8 @@ def quantize_blocks(
     tensor_amax: torch.Tensor | float = 0.0,
     target_f: float = 1.0,
 ) -> dict[str, torch.Tensor]:
-    """The Triton twin of :func:`ue5m3.numerics.kernels.cpu.quantize_blocks` (same arguments and outputs)."""
+    """The Triton twin of :func:`ue5m3.numerics.kernels.cpu.quantize_blocks` (same arguments and outputs); on ``meta``
+    tensors (inside planning) the same allocations and no launch."""
     if rule == "four_over_six" and blocks.shape[-1] not in (16, 256):
         raise ValueError(f"the Triton kernel's 4/6 rule takes blocks of 16 or 256 elements, got {blocks.shape[-1]}")
     if blocks.dtype != torch.float32 or blocks.ndim != 2:
@@ -549,8 +551,10 @@ def quantize_blocks(
         ]
     )  # device-side: nothing is read back to the host
     blocks_per_program = max(1, 1024 // max(triton.next_power_of_2(length), 1))
-    if n_blocks:
-        _quantize_kernel[(triton.cdiv(n_blocks, blocks_per_program),)](
+    launch = Launch(
+        _quantize_kernel,
+        (triton.cdiv(n_blocks, blocks_per_program),),
+        (
             blocks,
             bits,
             base,
@@ -569,6 +573,8 @@ def quantize_blocks(
             max(int(inner_len), 1),
             int(inner_stride),
             int(outer_stride),
+        ),
+        dict(
             L=length,
             L_POW2=triton.next_power_of_2(length),
             BLOCKS=blocks_per_program,
@@ -583,7 +589,9 @@ def quantize_blocks(
             BIT_COUNT=_BIT_COUNTS[rounding],
             SELECTION=_SELECTION_IDS[selection],
             enable_fp_fusion=False,
-        )
+        ),
+    )
+    run([launch], device)
     return {"payload": payload, "flags": flags, **per_block}
 
 
@@ -682,15 +690,11 @@ def quantize_both_axes(
         ]
 
     last_out, first_out = outputs(last, rows * cols // block), outputs(first, rows * cols // block)
-    if rows and cols and (last is not None or first is not None):
-        _quantize_both_axes_kernel[(triton.cdiv(rows, TILE_ROWS), triton.cdiv(cols, TILE_COLS))](
-            x,
-            rows,
-            cols,
-            scale_max,
-            INV_SIX,
-            *arguments(last, last_out),
-            *arguments(first, first_out),
+    launch = Launch(
+        _quantize_both_axes_kernel,
+        (triton.cdiv(rows, TILE_ROWS), triton.cdiv(cols, TILE_COLS)),
+        (x, rows, cols, scale_max, INV_SIX, *arguments(last, last_out), *arguments(first, first_out)),
+        dict(
             L=block,
             TILE_ROWS=TILE_ROWS,
             TILE_COLS=TILE_COLS,
@@ -708,5 +712,7 @@ def quantize_both_axes(
             FIRST_BITS=_BIT_COUNTS[first.rounding] if first is not None else 0,
             SELECTION=_SELECTION_IDS[selection],
             enable_fp_fusion=False,
-        )
+        ),
+    )
+    run([launch] if last is not None or first is not None else [], device)
     return last_out, first_out
