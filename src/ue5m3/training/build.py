@@ -65,8 +65,9 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
     )
     # the weight is quantized once per optimizer step and reused by its microbatches; under FSDP2 the all-gathers
     # rewrite the unsharded weights every microbatch, so the key is the step alone (the trainer's contract)
+    one_microbatch = cfg.accumulation_for(world_size) == 1
     set_weight_caching(
-        model, WeightCaching.OFF if cfg.accumulation == 1 else WeightCaching.STEP if shard else WeightCaching.VERSION
+        model, WeightCaching.OFF if one_microbatch else WeightCaching.STEP if shard else WeightCaching.VERSION
     )
     _checkpoint(model, cfg)
     if shard:

@@ -116,7 +116,14 @@ class TrainConfig:
         seed: seed of initialisation, data order and stochastic rounding.
         steps: optimizer steps.
         micro_batch: sequences per microbatch and rank.
-        accumulation: microbatches per optimizer step.
+        accumulation: microbatches per optimizer step; 0 (the default): derived from ``global_batch``. Give
+            ``accumulation`` or ``global_batch``, not both.
+        global_batch: sequences per optimizer step over all ranks (the paper: 768). The accumulation is then
+            ``global_batch`` / (``micro_batch`` x world size), and a world size that does not divide it is refused
+            when the run starts, naming the numbers (:meth:`accumulation_for`). 0 (the default): the global batch
+            is ``micro_batch`` x ``accumulation`` x world size. Either way the run's identity holds the global
+            micro-batch (``micro_batch`` x world size) and the accumulation, so a run stated both ways is the same
+            run.
         data: the data section (:class:`ue5m3.data.DataConfig`; its ``sequence_length`` is the run's), parsed
             once by the loader; None for a run fed a stream by its caller (:func:`ue5m3.training.loop.train`'s
             ``stream``, as tests and benchmarks do).
@@ -124,6 +131,10 @@ class TrainConfig:
         fp4_select: module-name patterns to convert (default: every eligible linear of the model).
         log_every: steps between metric records.
         checkpoint_every: steps between checkpoints (the final step always checkpoints).
+        checkpoint_every_minutes: also checkpoint once this many minutes of wall time have passed since the run
+            started or last saved (e.g. 30), which bounds the work lost when a node dies without warning (0: only
+            ``checkpoint_every``; :class:`~ue5m3.training.stops.WallClockCheckpoints`). These are rolling
+            checkpoints like the others (``keep_checkpoints``); not part of the run's identity.
         keep_checkpoints: rolling checkpoints kept (those at multiples of ``keep_every`` stay too).
         keep_every: checkpoints at multiples of this step are never pruned (0: none).
         cold_scale_resume: on resume, drop the scale caches as the paper's runs did (default: exact resume).
@@ -182,14 +193,16 @@ class TrainConfig:
     seed: int
     steps: int
     micro_batch: int
-    accumulation: int
     data: DataConfig | None
+    accumulation: int = 0
+    global_batch: int = 0
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
     recipe_overrides: Mapping[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fp4_select: tuple[str, ...] | None = None
     log_every: int = 1
     checkpoint_every: int = 100
+    checkpoint_every_minutes: float = 0.0
     keep_checkpoints: int = 2
     keep_every: int = 0
     cold_scale_resume: bool = False
@@ -212,10 +225,14 @@ class TrainConfig:
         object.__setattr__(self, "checkpoint_kinds", tuple(self.checkpoint_kinds))
         self._check_memory_and_parallelism()
         object.__setattr__(self, "backend", Backend(self.backend))
-        for key in ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every"):
+        for key in ("steps", "micro_batch", "log_every", "checkpoint_every"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key}: must be a positive int, got {value!r}")
+        self._check_batch()
+        minutes = self.checkpoint_every_minutes
+        if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not 0 <= minutes < math.inf:
+            raise ValueError(f"checkpoint_every_minutes: must be >= 0 and finite (0: off), got {minutes!r}")
         if isinstance(self.optim, Mapping):
             object.__setattr__(self, "optim", config.load(OptimConfig, self.optim, path="optim"))
         if isinstance(self.data, Mapping):  # built in code from plain data (the loader has built a DataConfig)
@@ -262,6 +279,49 @@ class TrainConfig:
                 "param_dtype: 'bfloat16' is FSDP2's mixed precision (BF16 parameters, FP32 reductions); use "
                 f"data_parallel 'fsdp2' or 'auto', not {self.data_parallel!r}"
             )
+
+    def _check_batch(self) -> None:
+        """``accumulation`` or ``global_batch``, one of them, and a global batch of whole microbatches."""
+        for key in ("accumulation", "global_batch"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key}: must be an int >= 0 (0: not given), got {value!r}")
+        if self.accumulation and self.global_batch:
+            raise ValueError(
+                f"global_batch: give global_batch ({self.global_batch}) or accumulation ({self.accumulation}), not "
+                "both: the accumulation follows from the global batch, micro_batch and the world size"
+            )
+        if not self.accumulation and not self.global_batch:
+            raise ValueError(
+                "accumulation: give accumulation (microbatches per optimizer step) or global_batch (sequences per "
+                "optimizer step over all ranks); neither is set"
+            )
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch: {self.global_batch} sequences per step is not a multiple of micro_batch "
+                f"({self.micro_batch})"
+            )
+
+    def accumulation_for(self, world_size: int) -> int:
+        """Microbatches per optimizer step on ``world_size`` ranks: ``accumulation``, or ``global_batch`` /
+        (``micro_batch`` x ``world_size``).
+
+        Raises:
+            ValueError: ``global_batch`` is not a multiple of ``micro_batch`` x ``world_size`` (the message names
+                the three numbers and the world sizes that would do).
+        """
+        if not self.global_batch:
+            return self.accumulation
+        per_microbatch = self.micro_batch * world_size
+        if self.global_batch % per_microbatch:
+            microbatches = self.global_batch // self.micro_batch
+            raise ValueError(
+                f"global_batch: {self.global_batch} sequences per step cannot be split over {world_size} rank(s) of "
+                f"micro_batch {self.micro_batch}: {self.global_batch} is not a multiple of {self.micro_batch} x "
+                f"{world_size} = {per_microbatch}; run on a world size that divides {microbatches} (global_batch / "
+                "micro_batch), or change micro_batch"
+            )
+        return self.global_batch // per_microbatch
 
     @property
     def parallelism(self) -> str:

@@ -76,7 +76,12 @@ def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[s
     often the run logs or checkpoints, the backend (the same bits on every backend) and the world size itself.
 
     ``recipe`` is the run's recipe resolved against its model (:meth:`TrainConfig.resolved_recipe`), so the identity
-    holds the absolute layer indices the run converted with."""
+    holds the absolute layer indices the run converted with. A run that states its ``global_batch`` has the
+    identity of the same run stated as ``accumulation``: the global micro-batch and the accumulation it derives.
+
+    Raises:
+        ValueError: ``global_batch`` cannot be split over ``world`` ranks (:meth:`TrainConfig.accumulation_for`).
+    """
     assert not recipe.is_relative, f"run_identity needs the recipe resolved for the model, got {recipe.name!r}"
     return config_loader.dump(
         {
@@ -87,7 +92,7 @@ def run_identity(cfg: TrainConfig, recipe: recipes.Recipe, world: int) -> dict[s
             "seed": cfg.seed,
             "steps": cfg.steps,
             "global_micro_batch": cfg.micro_batch * world,
-            "accumulation": cfg.accumulation,
+            "accumulation": cfg.accumulation_for(world),  # stated, or derived from global_batch
             "optim": cfg.optim,
             "fp4_select": cfg.fp4_select,
             "cold_scale_resume": cfg.cold_scale_resume,

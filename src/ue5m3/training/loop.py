@@ -63,7 +63,7 @@ from ue5m3.training.loss import lm_loss
 from ue5m3.training.metrics import append_jsonl, truncate_metrics
 from ue5m3.training.ranks import log0, logger, one_process_group, world
 from ue5m3.training.state import BatchStream, resume, save_checkpoint
-from ue5m3.training.stops import Stopped, StopRequests
+from ue5m3.training.stops import Interrupted, Stopped, StopRequests, WallClockCheckpoints
 
 __all__ = [
     "lr_at",
@@ -121,23 +121,29 @@ def _begin_step(model: nn.Module, step: int) -> SRState | None:
 
 
 def _accumulate(
-    model: nn.Module, stream: BatchStream, cfg: TrainConfig, recipe: recipes.Recipe | None, sr: SRState | None
+    model: nn.Module,
+    stream: BatchStream,
+    cfg: TrainConfig,
+    recipe: recipes.Recipe | None,
+    sr: SRState | None,
+    accumulation: int,
 ) -> float:
-    """Forward and backward of the step's microbatches (gradients summed); returns their mean loss over all ranks."""
+    """Forward and backward of the step's ``accumulation`` microbatches (gradients summed); returns their mean loss
+    over all ranks."""
     total = None  # the mean loss, summed on the device in FP64 (as Python floats would) and read once per step
-    for microbatch in range(cfg.accumulation):
+    for microbatch in range(accumulation):
         if sr is not None:
             sr.begin_microbatch(microbatch)
         inputs, targets = stream.next_batch(cfg.micro_batch)
         # gradients are reduced once per step, in the last microbatch's backward (FSDP2 and DDP alike)
-        with parallelize.gradient_sync(model, cfg, last=microbatch == cfg.accumulation - 1):
+        with parallelize.gradient_sync(model, cfg, last=microbatch == accumulation - 1):
             if cfg.execution is Execution.NATIVE_TE:
                 with native_te.autocast(recipe):
                     loss = loss_fn(model, inputs, targets, chunk=cfg.loss_chunk)
             else:
                 loss = loss_fn(model, inputs, targets, chunk=cfg.loss_chunk)
-            (loss / cfg.accumulation).backward()
-        part = loss.detach().to(torch.float64) / cfg.accumulation
+            (loss / accumulation).backward()
+        part = loss.detach().to(torch.float64) / accumulation
         total = part if total is None else total + part
     world_size = world()[1]
     if world_size > 1:  # on the loss's device: NCCL reduces only device tensors
@@ -163,16 +169,18 @@ def train_step(
     cfg: TrainConfig,
     recipe: recipes.Recipe | None = None,
 ) -> dict[str, float]:
-    """One optimizer step: open the scale step, accumulate microbatches, clip, AdamW.
+    """One optimizer step: open the scale step, accumulate microbatches (``accumulation``, or as many as
+    ``global_batch`` asks of this world size), clip, AdamW.
 
     Raises:
         NonFiniteError: the loss, the gradient norm or a quantized operand is not finite (before AdamW steps).
     """
+    accumulation = cfg.accumulation_for(world()[1])
     sr = _begin_step(model, step)
     lr = lr_at(step, cfg.steps, cfg.optim)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    total = _accumulate(model, stream, cfg, recipe, sr)
+    total = _accumulate(model, stream, cfg, recipe, sr, accumulation)
     _raise_if_operands_not_finite(model, step)
     grad_norm = _grad_norm(model, cfg.optim.grad_clip)
     if not (np.isfinite(total) and np.isfinite(grad_norm)):  # any recipe, BF16 included: nothing bad is stepped
@@ -241,13 +249,16 @@ def train(
 
     Rank 0 holds the run directory's lock for the whole run. A checkpoint of another run (different identity) is
     refused, or with ``restart_on_change`` (or ``cfg.restart_on_change``) the old directory is moved aside.
-    SIGTERM/SIGUSR1 write a checkpoint at the end of the current step and raise
-    :class:`~ue5m3.training.stops.Stopped`.
+    SIGTERM, SIGUSR1 and SIGINT write a checkpoint at the end of the current step and raise
+    :class:`~ue5m3.training.stops.Stopped`; a second SIGINT raises :class:`~ue5m3.training.stops.Interrupted` at
+    once. With ``checkpoint_every_minutes`` the run also checkpoints by wall time.
 
     Raises:
+        ValueError: ``global_batch`` cannot be split over this world size (before the run directory is touched).
         RunIdentityError: the run directory's newest checkpoint is another run's (without ``restart_on_change``).
         NonFiniteError: a step's loss, gradient norm or quantized operand is not finite.
-        Stopped: SIGTERM or SIGUSR1 arrived (after the checkpoint of the current step).
+        Stopped: SIGTERM, SIGUSR1 or SIGINT arrived (after the checkpoint of the current step).
+        Interrupted: a second SIGINT (Ctrl-C) arrived; nothing of the step in progress was saved.
     """
     if cfg.execution is Execution.NATIVE_TE:
         native_te.require_native()  # off Blackwell: fail before the run directory is touched, never run emulated
@@ -280,11 +291,12 @@ def _train_locked(
     stops: StopRequests,
 ) -> Path | None:
     """The run, its directory locked: start (or resume), then step by step to the last step, a stop request or
-    ``stop_after``; each step's record logged, checkpointed on schedule."""
+    ``stop_after``; each step's record logged, checkpointed on schedule (steps and wall time)."""
     rank = world()[0]
     run = _start(cfg, recipe, identity, stream)
     stats = find_quant_stats(run.model)
     progress = _progress(run)
+    rolling = WallClockCheckpoints(cfg.checkpoint_every_minutes)
     last = run.start
     for step in _steps(run.start, cfg.steps, progress):
         record = _step(run, step, stats)
@@ -296,7 +308,7 @@ def _train_locked(
         if saved:
             _save(run, step)
         last = step
-        _stop_if_requested(run, stops, step, saved)
+        _checkpoint_or_stop_on_request(run, stops, rolling, step, saved)
         if stop_after is not None and step >= stop_after:
             return None
     return _finish(run, last) if rank == 0 else None
@@ -316,7 +328,7 @@ def _start(cfg: TrainConfig, recipe: recipes.Recipe, identity: Mapping[str, Any]
     if stream is None:
         stream = open_training_stream(cfg, rank, world_size)
     start, counters = resume(Path(cfg.run_dir), model, optimizer, stream, cfg, identity)
-    tokens_per_step = cfg.micro_batch * cfg.accumulation * world_size * int(stream.sequence_length)
+    tokens_per_step = cfg.micro_batch * cfg.accumulation_for(world_size) * world_size * int(stream.sequence_length)
     run = _Run(
         cfg=cfg,
         recipe=recipe,
@@ -388,15 +400,25 @@ def _save(run: _Run, step: int) -> None:
         checkpoint.prune(run.run_dir / "checkpoints", cfg.keep_checkpoints, protect=protect)
 
 
-def _stop_if_requested(run: _Run, stops: StopRequests, step: int, saved: bool) -> None:
-    """Raise :class:`Stopped` if any rank received SIGTERM/SIGUSR1, after checkpointing ``step`` (unless ``saved``
-    already did); the last step needs no stop, the run ends there anyway."""
-    signum = stops.requested(run.device)
-    if signum is not None and step < run.cfg.steps:
-        if not saved:
-            _save(run, step)
-        log0(f"stopped by {signal.Signals(signum).name} after step {step} (checkpoint written); rerun to resume")
-        raise Stopped(128 + signum)
+def _checkpoint_or_stop_on_request(
+    run: _Run, stops: StopRequests, rolling: WallClockCheckpoints, step: int, saved: bool
+) -> None:
+    """After ``step`` (checkpointed already when ``saved``): the ranks agree on the stop flag and the wall-time
+    schedule; checkpoint ``step`` if either asks for it, then raise :class:`Stopped` if any rank received SIGTERM,
+    SIGUSR1 or SIGINT. The last step needs no stop, the run ends there anyway."""
+    poll = stops.poll(run.device, checkpoint_due=rolling.due())
+    stopping = poll.signum is not None and step < run.cfg.steps
+    if (stopping or poll.checkpoint_due) and not saved:
+        if not stopping:
+            log0(f"checkpoint of step {step}: {run.cfg.checkpoint_every_minutes:g} minutes since the last one")
+        _save(run, step)
+        saved = True
+    if saved:
+        rolling.saved()
+    if stopping:
+        name = signal.Signals(poll.signum).name
+        log0(f"stopped by {name} after step {step} (checkpoint written); rerun to resume")
+        raise Stopped(128 + poll.signum)
 
 
 def _finish(run: _Run, step: int) -> Path:
@@ -430,6 +452,9 @@ def main(config_path: str, threads: int | None = None, *, restart_on_change: boo
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
         train(cfg, restart_on_change=restart_on_change)
+    except Interrupted as err:  # a second Ctrl-C: no traceback, the exit status of an interrupt
+        log0(f"{err}; rerun to resume from the newest checkpoint")
+        raise SystemExit(128 + signal.SIGINT) from None
     finally:
         if distributed:
             dist.destroy_process_group()
