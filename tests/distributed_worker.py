@@ -90,6 +90,7 @@ def _native_wiring_stand_in() -> None:
     native_te.convert_native = convert
     native_te.recompute_contexts = lambda recipe: lambda: (contextlib.nullcontext(), contextlib.nullcontext())
     native_te.autocast = lambda recipe: contextlib.nullcontext()
+    native_te.te_recipe = lambda recipe: None  # the final record's provenance: no TE recipe object stands in
 
     from ue5m3.training import build, parallelize
 

@@ -1,17 +1,29 @@
 """Native NVFP4 through NVIDIA Transformer Engine (Blackwell only) for the two NVIDIA recipes.
 
 ``nvfp4_te`` and ``nvfp4_no_rht_all_linears`` run natively as ``te.Linear`` under ``te.autocast`` with an
-``NVFP4BlockScaling`` recipe whose RHT, stochastic-rounding and 2D flags follow the project recipe, and with
-TE's split ("2x") accumulation turned off for dgrad and wgrad as in the paper. Everywhere else the same recipes
-run emulated through :mod:`ue5m3.layers.linear`. Transformer Engine is imported lazily; without it, without CUDA or
-on a GPU below compute capability 10.0 every entry point raises :class:`NativeUnavailable` -- never a silent
-fallback to the emulator. Results record which path produced them (:func:`execution_path`).
+``NVFP4BlockScaling`` recipe whose RHT, stochastic-rounding and 2D flags follow the project recipe. Everywhere else
+the same recipes run emulated through :mod:`ue5m3.layers.linear`. Transformer Engine is imported lazily; without
+it, without CUDA or on a GPU below compute capability 10.0 every entry point raises :class:`NativeUnavailable` --
+never a silent fallback to the emulator.
+
+Split ("2x") accumulation: the paper's TE (2.16.0.dev0) forced it off for dgrad and wgrad. TE's modules read it from
+the recipe's ``fp8_gemm_fprop``/``fp8_gemm_dgrad``/``fp8_gemm_wgrad`` where the recipe has them, else from their
+own defaults (``_2X_ACC_FPROP`` False, ``_2X_ACC_DGRAD`` and ``_2X_ACC_WGRAD`` True in
+``transformer_engine/pytorch/module/base.py``). TE 2.16's ``NVFP4BlockScaling`` has none of the three, so
+:func:`te_recipe` sets them only on a recipe that has them, and for FP4 operands TE 2.16 asks cuBLASLt for no fast
+accumulation whatever the flag (``fastAccuMode = use_split_accumulator ? 0 : use_fp8`` in
+``transformer_engine/common/gemm/cublaslt_gemm.cu``). Results record which path produced them
+(:func:`execution_path`) and, for the native path, what TE's recipe object actually holds (:func:`te_settings`),
+never the settings asked for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 import fnmatch
+import sys
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import Any
@@ -34,6 +46,7 @@ __all__ = [
     "convert_native",
     "recompute_contexts",
     "execution_path",
+    "te_settings",
 ]
 
 INSTALL_HINT = (
@@ -77,7 +90,9 @@ def _check_recipe(recipe: Recipe) -> None:
 
 
 def te_recipe(recipe: Recipe) -> Any:
-    """The ``NVFP4BlockScaling`` recipe matching a project recipe (RHT, SR and 2D flags; split accumulation off)."""
+    """The ``NVFP4BlockScaling`` recipe matching a project recipe: its RHT, SR and 2D flags, and split accumulation
+    off for dgrad and wgrad where the TE recipe has those settings (TE 2.16's has not; :func:`te_settings` records
+    what it holds)."""
     _check_recipe(recipe)
     require_native()
     from transformer_engine.common import recipe as te_recipes  # noqa: PLC0415
@@ -88,10 +103,72 @@ def te_recipe(recipe: Recipe) -> Any:
         disable_stochastic_rounding=roles[OperandRole.UPSTREAM_GRADIENT].rounding is Rounding.RNE,
         disable_2d_quantization=not roles[OperandRole.WEIGHT].two_d,
     )
-    for gemm in ("fp8_gemm_dgrad", "fp8_gemm_wgrad"):
-        if hasattr(te, gemm):  # the paper forced TE's 2x accumulation off for the backward GEMMs
-            setattr(te, gemm, te_recipes.MMParams(use_split_accumulator=False))
+    for gemm in ("dgrad", "wgrad"):
+        if hasattr(te, f"fp8_gemm_{gemm}"):  # the paper forced TE's 2x accumulation off for the backward GEMMs
+            setattr(te, f"fp8_gemm_{gemm}", te_recipes.MMParams(use_split_accumulator=False))
     return te
+
+
+_RECIPE_FLAGS = (
+    "disable_rht",
+    "disable_stochastic_rounding",
+    "disable_2d_quantization",
+    "row_scaled_activation",
+    "backward_override",
+    "fp8_dpa",
+    "fp8_mha",
+)
+_QUANTIZATION_PARAMS = ("fp4_quant_fwd_inp", "fp4_quant_fwd_weight", "fp4_quant_bwd_grad")
+
+
+def _plain(value: Any) -> Any:
+    """A TE setting as JSON data: enums by name, dataclasses (TE's ``QParams``, ``MMParams``) field by field."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.name
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return repr(value)
+
+
+def _module_default(gemm: str) -> bool | None:
+    """TE's own choice for ``gemm`` when the recipe has no setting (``_2X_ACC_<GEMM>`` of its modules); None where
+    TE's modules cannot be imported."""
+    try:
+        from transformer_engine.pytorch.module import base  # noqa: PLC0415 - optional, GPU-only dependency
+    except Exception:  # ImportError, or OSError for missing CUDA libraries
+        return None
+    value = getattr(base, f"_2X_ACC_{gemm.upper()}", None)
+    return None if value is None else bool(value)
+
+
+def te_settings(te_recipe_object: Any) -> dict[str, Any]:
+    """What Transformer Engine runs with, read back from the recipe object it is given: TE's version, the recipe
+    class, each flag and quantization parameter set the object has, and per GEMM (fprop, dgrad, wgrad) whether
+    split accumulation is used and where that comes from (the recipe's ``fp8_gemm_<gemm>``, or TE's module default
+    when the recipe has no such setting, as TE 2.16's ``NVFP4BlockScaling``). Nothing is recorded that the object
+    does not hold."""
+    te = sys.modules.get("transformer_engine")
+    settings: dict[str, Any] = {
+        "version": getattr(te, "__version__", None),
+        "recipe_class": type(te_recipe_object).__name__,
+    }
+    for name in (*_RECIPE_FLAGS, *_QUANTIZATION_PARAMS):
+        if hasattr(te_recipe_object, name):
+            settings[name] = _plain(getattr(te_recipe_object, name))
+    split = {}
+    for gemm in ("fprop", "dgrad", "wgrad"):
+        attribute = f"fp8_gemm_{gemm}"
+        if hasattr(te_recipe_object, attribute):
+            value = getattr(te_recipe_object, attribute).use_split_accumulator
+            split[gemm] = {"use_split_accumulator": bool(value), "from": f"recipe.{attribute}"}
+        else:
+            default = _module_default(gemm)
+            source = f"TE's module default _2X_ACC_{gemm.upper()} (the recipe has no {attribute})"
+            split[gemm] = {"use_split_accumulator": default, "from": source if default is not None else "unknown"}
+    settings["split_accumulator"] = split
+    return settings
 
 
 def autocast_with(te_recipe_object: Any) -> Any:
@@ -177,8 +254,16 @@ def convert_native(model: nn.Module, recipe: Recipe, *, select: list[str]) -> tu
     return tuple(records)
 
 
-def execution_path(recipe: Recipe, execution: Execution | str, backend: str = "auto") -> dict[str, str]:
-    """How a result was produced, for provenance records (the backend of the emulated path included)."""
+def execution_path(recipe: Recipe, execution: Execution | str, backend: str = "auto") -> dict[str, Any]:
+    """How a result was produced, for provenance records: the backend of the emulated path, or for the native path
+    what Transformer Engine's recipe object holds (:func:`te_settings`; TE must be importable then, as it is where
+    the native path ran)."""
     if Execution(execution) is Execution.NATIVE_TE:
-        return {"execution": "native_te", "gemm_model": "native_te", "recipe": recipe.name, "backend": "native_te"}
+        return {
+            "execution": "native_te",
+            "gemm_model": "native_te",
+            "recipe": recipe.name,
+            "backend": "native_te",
+            "transformer_engine": te_settings(te_recipe(recipe)),
+        }
     return {"execution": "emulated", "gemm_model": recipe.gemm.model.value, "recipe": recipe.name, "backend": backend}
