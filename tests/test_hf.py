@@ -329,7 +329,11 @@ def test_a_sharded_checkpoint_exports_the_same_weights(tmp_path, run):
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         path = checkpoint.save_sharded(
-            sharded_run / "checkpoints", 2, {"model": model_sd, "optimizer": optim_sd}, {"trainer": {}}, meta={}
+            sharded_run / "checkpoints",
+            2,
+            {"model": model_sd, "optimizer": optim_sd},
+            {"trainer": {"step": 2}},
+            meta={},
         )
     finally:
         dist.destroy_process_group()
@@ -358,7 +362,8 @@ def test_export_hf_refuses_a_dense_run(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / RESOLVED_CONFIG).write_text(json.dumps(cfg.to_dict()))
     state = models.build("dense_debug", "cpu").state_dict()
-    checkpoint.save(tmp_path / "run" / "checkpoints", 1, {"model": state}, meta={})
+    parts = {"model": state, "optimizer": {}, "trainer": {"step": 1}}
+    checkpoint.save(tmp_path / "run" / "checkpoints", 1, parts, meta={})
     with pytest.raises(ValueError, match="only Nemotron-H models"):
         export_hf(tmp_path / "run", tmp_path / "out")
     assert not (tmp_path / "out").exists()

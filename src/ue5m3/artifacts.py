@@ -4,6 +4,11 @@ Every artefact the CLI writes goes through :func:`atomic_path` (a temporary file
 renamed into place on success) and carries a provenance record: the command's configuration, git commit,
 package versions and torch's numerics settings. Records hold no timestamps, so re-running a step reproduces
 its outputs byte for byte.
+
+A write the file system refuses (a full disk, a read-only mount, no permission) is raised as a
+:class:`StorageError` naming the path and what to do (:func:`reporting_storage_errors`), and a JSON record that
+does not parse (a torn write) as a :class:`TornFileError` naming the file and how to make it again
+(:func:`read_json`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import csv
+import errno
 import functools
 import hashlib
 import json
@@ -25,28 +31,127 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_path", "write_csv", "write_json", "provenance", "git_commit", "source_hash", "source_files"]
+__all__ = [
+    "StorageError",
+    "TornFileError",
+    "reporting_storage_errors",
+    "storage_error",
+    "read_json",
+    "atomic_path",
+    "write_csv",
+    "write_json",
+    "provenance",
+    "git_commit",
+    "source_hash",
+    "source_files",
+]
 
 _PACKAGES = ("ue5m3", "torch", "numpy", "ml_dtypes", "gfloat", "torchao", "snakemake", "lm_eval", "matplotlib")
 
 
+# ----- what the file system refused ---------------------------------------------------------------------
+
+_ADVICE = {
+    errno.ENOSPC: "the file system holding it is full: free space there, or write to another disk",
+    errno.EDQUOT: "the disk quota there is used up: free space within it, or write to another disk",
+    errno.EROFS: "the file system is mounted read-only: remount it read-write, or write to another directory",
+    errno.EACCES: "permission denied: make the directory writable for this user (chmod/chown), or write elsewhere",
+    errno.EPERM: "operation not permitted: make the directory writable for this user (chmod/chown), or write elsewhere",
+}
+"""The faults of the file system, not of the program, that a message can tell the user how to fix."""
+
+
+class StorageError(OSError):
+    """A write the file system refused (full, read-only, no permission); the message names the path, the cause
+    and what to do. An ``OSError`` with the original ``errno`` and ``filename``."""
+
+    def __init__(self, code: int, message: str, filename: str) -> None:
+        super().__init__(code, message, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TornFileError(ValueError):
+    """A record that does not parse (an interrupted write, a full disk, an edit); the message names the file and
+    how to make it again."""
+
+
+def storage_error(err: OSError, path: str | os.PathLike[str], doing: str, then: str = "") -> StorageError | None:
+    """``err`` as a :class:`StorageError` when it is a fault of the file system (full, quota, read-only,
+    permission), else None.
+
+    Args:
+        err: what the write raised.
+        path: the file or directory being written (``err.filename`` is named instead when it has one).
+        doing: what was being done, e.g. ``"saving checkpoint"``.
+        then: what happens next, e.g. ``"nothing was deleted; rerun to resume from the newest checkpoint"``.
+    """
+    if isinstance(err, StorageError) or err.errno not in _ADVICE:
+        return None
+    where = err.filename if err.filename else os.fspath(path)
+    name = errno.errorcode.get(err.errno, str(err.errno))
+    tail = f"; {then}" if then else ""
+    message = f"{doing} {os.fspath(path)} failed at {where}: {os.strerror(err.errno)} ({name}); {_ADVICE[err.errno]}"
+    return StorageError(err.errno, message + tail, str(where))
+
+
+@contextlib.contextmanager
+def reporting_storage_errors(path: str | os.PathLike[str], doing: str, then: str = "") -> Iterator[None]:
+    """Re-raise a file-system fault inside the block as a :class:`StorageError` (:func:`storage_error`)."""
+    try:
+        yield
+    except OSError as err:
+        wrapped = storage_error(err, path, doing, then)
+        if wrapped is None:
+            raise
+        raise wrapped from err
+
+
+def read_json(path: str | os.PathLike[str], *, remedy: str) -> Any:
+    """The JSON record at ``path``.
+
+    Args:
+        remedy: how to make the file again (named with a torn file), e.g. ``"rerun `ue5m3 prepare-data`"``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        TornFileError: it does not parse (or is not UTF-8), naming the file, the position and ``remedy``.
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TornFileError(
+            f"{path} is not a complete JSON record ({err}; a write interrupted by a kill or a full disk, or an "
+            f"edit); {remedy}"
+        ) from None
+
+
+# ----- atomic results -----------------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; move it into place only if the block succeeds."""
+    """Yield a temporary path next to ``path``; move it into place only if the block succeeds. A full disk, a
+    read-only mount or a missing permission is a :class:`StorageError` naming ``path`` (the old file, if any, is
+    left as it was)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)  # mkstemp creates 0600; give the result the permissions a plain open() would
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with reporting_storage_errors(path, "writing", "the previous file (if any) is unchanged"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        umask = os.umask(0)  # mkstemp creates 0600; give the result the permissions a plain open() would
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        try:
+            yield Path(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def write_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str]) -> None:

@@ -7,6 +7,9 @@ path:
 * unknown keys and missing keys without a default (both listed);
 * values of the wrong type (a bool where a number belongs, a string where a list belongs, a float where an int
   belongs), unknown enum values (the accepted ones listed);
+* numbers outside the range their dataclass declares for them (:class:`Range`, in a ``RANGES`` class attribute:
+  the values a real run could use, with a note on what one does), NaN anywhere and infinities unless a range
+  admits them;
 * whatever the dataclass's own ``__post_init__`` refuses (its message is prefixed with the key path).
 
 Types are read from the dataclass annotations: ``int``, ``float`` (ints accepted), ``str``, ``bool``, ``None``
@@ -21,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import types
 import typing
@@ -35,6 +39,10 @@ import yaml
 __all__ = [
     "ConfigError",
     "ConfigTypeError",
+    "Range",
+    "ranges",
+    "range_problems",
+    "check_ranges",
     "load",
     "load_as",
     "load_value",
@@ -339,6 +347,110 @@ def _convert(value: Any, tp: Any, source: str, path: str, complete: bool = False
     raise TypeError(f"config loader: unsupported annotation {tp!r} at {path}")
 
 
+# ----- ranges -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric setting accepts: what a real run could use, not merely what the type holds.
+
+    A dataclass declares its fields' ranges in a ``RANGES`` class attribute (``ClassVar[dict[str, Range]]``, merged
+    along the class's bases); the loader refuses a value outside its range before the dataclass is built, naming
+    the key, the range and the note. A range applies to every number of a field: each item of a list, each value
+    of a mapping (None items are left alone: they mean "off"). NaN is never in range; an infinity only where
+    ``high`` is ``math.inf`` (``grad_clip: inf``, no clipping).
+
+    Attributes:
+        low: the least value (None: no lower bound).
+        high: the greatest value (None: no upper bound, but finite; ``math.inf``: infinity admitted).
+        low_open: ``low`` itself is excluded (``lr`` lies in (0, 1]).
+        high_open: ``high`` itself is excluded.
+        note: what the setting is and what a real run uses, shown with a refusal (``AdamW epsilon; runs use
+            1e-8``).
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if isinstance(value, float) and math.isnan(value):
+            return False
+        if isinstance(value, float) and math.isinf(value) and not (value > 0 and self.high == math.inf):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """The range as an interval (``[1, 100,000,000]``, ``(0, 1]``, ``>= 0``)."""
+        low = None if self.low is None else _number(self.low)
+        high = None if self.high is None or self.high == math.inf else _number(self.high)
+        if high is None:
+            return "any number" if low is None else f"{'>' if self.low_open else '>='} {low}"
+        if low is None:
+            return f"{'<' if self.high_open else '<='} {high}"
+        return f"{'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:g}"
+
+
+def ranges(cls: type) -> dict[str, Range]:
+    """The ranges dataclass ``cls`` declares for its fields (``RANGES``, a subclass's entries over its bases')."""
+    merged: dict[str, Range] = {}
+    for klass in reversed(cls.__mro__):
+        merged.update(klass.__dict__.get("RANGES", {}))
+    return merged
+
+
+def _numbers(value: Any, label: str) -> typing.Iterator[tuple[str, Any]]:
+    """(label, number) of every number in a field's value: itself, the items of a list, the values of a mapping."""
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{label}[{i}]")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _numbers(item, f"{label}.{key}")
+    elif value is not None and not isinstance(value, bool | str | enum.Enum):
+        yield label, value
+
+
+def range_problems(cls: type, values: Mapping[str, Any]) -> list[str]:
+    """``key: must lie in ..., got X`` for every number of ``values`` (field name -> value) outside its range."""
+    declared = ranges(cls)
+    problems = []
+    for key, value in values.items():
+        bounds = declared.get(key)
+        if bounds is None:
+            continue
+        for label, number in _numbers(value, key):
+            if number not in bounds:
+                note = f" ({bounds.note})" if bounds.note else ""
+                problems.append(f"{label}: must lie in {bounds.describe()}{note}, got {number!r}")
+    return problems
+
+
+def check_ranges(obj: Any) -> None:
+    """Refuse a dataclass instance (from its ``__post_init__``) holding a number outside its field's range, so an
+    instance built in code is held to the ranges the loader enforces.
+
+    Raises:
+        ValueError: ``key: must lie in ..., got X`` for the first such number.
+    """
+    values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+    problems = range_problems(type(obj), values)
+    if problems:
+        raise ValueError(problems[0])
+
+
 # ----- load and dump ------------------------------------------------------------------------------------
 
 
@@ -370,6 +482,9 @@ def load(cls: type[T], data: Any, *, source: str = "<config>", path: str = "", c
         key: _convert(value, hints[key], source, f"{path}.{key}" if path else key, complete)
         for key, value in data.items()
     }
+    problems = range_problems(cls, kwargs)
+    if problems:  # before __post_init__: a setting out of its range is named as itself, not by what it breaks
+        raise ConfigError(f"{source}: {path}.{problems[0]}" if path else f"{source}: {problems[0]}")
     try:
         return cls(**kwargs)
     except ConfigError:

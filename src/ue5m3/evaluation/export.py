@@ -41,7 +41,7 @@ def _read_checkpoint(source: Path, step: int | None) -> tuple[Path, dict[str, An
     if (source / checkpoint.MANIFEST).is_file():  # runs/x/checkpoints/step-XXXXXXXX
         if step is not None:
             raise ValueError(f"{str(source)!r} is one checkpoint; step={step!r} applies to a run directory only")
-        manifest = checkpoint.verify(source)
+        manifest = checkpoint.verify(source, complete=True)
         return source.parent.parent, checkpoint.load_model_state(source, manifest), manifest, source
     state, manifest, path = load_checkpoint_weights(source, step)
     return source, state, manifest, path

@@ -223,24 +223,25 @@ class InferenceModel:
 def load_checkpoint_weights(
     run_dir: str | os.PathLike[str], step: int | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], Path]:
-    """Verify a checkpoint of the run and load only its model weights.
+    """Verify a checkpoint of the run completely and load only its model weights: checkpoint ``step``, or (None) the
+    newest that verifies, a newer one that does not passed over with a warning naming it (never moved: the trainer
+    may hold the run).
 
     Returns:
         (model state dict, manifest, checkpoint directory).
 
     Raises:
-        CheckpointError: no checkpoint, the requested step is missing, or a file is missing/truncated/corrupted.
+        CheckpointError: no checkpoint verifies, or the requested one is missing or does not verify (a file missing,
+            truncated or corrupted, a folder named for another step, a malformed manifest), naming it.
     """
     root = Path(run_dir) / "checkpoints"
     if step is None:
-        path = checkpoint.latest(root)
-        if path is None:
+        found = checkpoint.newest_valid(root, set_aside=False)
+        if found is None:
             raise CheckpointError(f"no checkpoint under {root}; train the run first")
+        path, manifest = found
     else:
-        path = root / f"step-{step:08d}"
-        if not path.is_dir():
-            raise CheckpointError(f"checkpoint {path} does not exist (step {step!r})")
-    manifest = checkpoint.verify(path)
+        path, manifest = checkpoint.at_step(root, step)
     return checkpoint.load_model_state(path, manifest), manifest, path
 
 

@@ -11,13 +11,22 @@ file. The state comes in one of two formats, named by the manifest's ``format``:
   ranks, one included. Each rank hashes a share of the files; rank 0 writes the manifest.
 
 Either is written into a temporary sibling directory, every file and the directory fsynced, and renamed into
-place, so an interrupted save leaves no partial checkpoint; a truncated or corrupted file fails verification with
-an error naming it. Only directories named exactly ``step-`` and eight digits count, ordered by their step.
+place, so an interrupted save leaves no partial checkpoint; a full disk, a read-only mount or a missing permission
+fails the save with a :class:`~ue5m3.artifacts.StorageError` naming the path and the fix, leaving the older
+checkpoints as they were. Only directories named exactly ``step-`` and eight digits count, ordered by their step.
+
+A checkpoint is what its manifest says (:func:`verify`): the manifest records the step, the run's fingerprint
+(``meta``) and the file set with each file's SHA-256 and size. A folder whose name is another step's, a file that
+is missing, truncated, corrupted or not listed, a manifest that is not one (``{}``, torn, without its files) or
+whose fingerprint is not its identity's, and (``complete=True``, what resume and evaluation ask) a checkpoint
+without the trainer's files or whose ``trainer.pt`` records another step: each fails verification with a
+:class:`CheckpointError` naming the folder and the reason.
 :func:`load_model_state` reads the model weights of either format as one full state dict and
 :func:`weights_sha256` is the hash that provenance records for them.
 
-:func:`newest_valid` is what a resume reads: the newest checkpoint that verifies, older ones tried in turn (an
-invalid one is renamed ``*.invalid`` so that a later save never overwrites the evidence). :func:`remove_temporaries`
+:func:`newest_valid` is what a resume and an evaluation read: the newest checkpoint that verifies completely, older
+ones tried in turn (a resume renames an invalid one ``*.invalid`` so that a later save never overwrites the evidence;
+an evaluation only warns). :func:`at_step` is one step's checkpoint, verified completely. :func:`remove_temporaries`
 deletes what a killed save left, and :class:`RunLock` keeps a second trainer out of a run directory.
 """
 
@@ -28,7 +37,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import warnings
@@ -38,8 +46,24 @@ from typing import Any
 
 import torch
 
+from ue5m3.artifacts import reporting_storage_errors, storage_error
+from ue5m3.training.manifest import (
+    FULL,
+    MANIFEST,
+    SHARDED,
+    SHARDED_PARTS,
+    STEP_NAME,
+    CheckpointError,
+    CheckpointUnreadable,
+    checkpoint_format,
+    file_sha256,
+    trainer_files,
+    verify,
+)
+
 __all__ = [
     "CheckpointError",
+    "CheckpointUnreadable",
     "RunLockedError",
     "RunLock",
     "save",
@@ -48,6 +72,8 @@ __all__ = [
     "latest",
     "checkpoints",
     "newest_valid",
+    "at_step",
+    "trainer_files",
     "remove_temporaries",
     "file_sha256",
     "prune",
@@ -59,24 +85,10 @@ __all__ = [
     "SHARDED",
 ]
 
-MANIFEST = "manifest.json"
-FULL = "full"
-SHARDED = "sharded"
-SHARDED_PARTS = ("model", "optimizer")
 _PREFIX = "step-"
-_NAME = re.compile(r"step-(\d{8})")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, truncated, corrupted or does not match the run."""
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+_AFTER_A_FAILED_SAVE = "nothing was deleted: the run resumes from its newest complete checkpoint when rerun"
 
 
 def save(root: str | os.PathLike[str], step: int, parts: Mapping[str, Any], *, meta: Mapping[str, Any]) -> Path:
@@ -86,21 +98,56 @@ def save(root: str | os.PathLike[str], step: int, parts: Mapping[str, Any], *, m
         The checkpoint directory.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        files = {}
-        for name, obj in parts.items():
-            path = tmp / f"{name}.pt"
-            torch.save(obj, path)
-            _fsync(path)
-            files[path.name] = _entry(path)
-        _commit(tmp, final, {"step": step, "format": FULL, "files": files, "meta": dict(meta)})
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with reporting_storage_errors(final, "saving checkpoint", _AFTER_A_FAILED_SAVE):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        try:
+            files = {}
+            for name, obj in parts.items():
+                path = tmp / f"{name}.pt"
+                _torch_save(obj, path)
+                files[path.name] = _entry(path)
+            _commit(tmp, final, {"step": step, "format": FULL, "files": files, "meta": dict(meta)})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return final
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through a file this function holds, flushed to disk. Given a path, torch reports a failed write
+    (a full disk) as "unexpected pos" with neither the cause nor the file; through a file object the OSError is the
+    RuntimeError's context, and is raised as itself."""
+    try:
+        with open(path, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except RuntimeError as err:
+        cause = _os_error_in(err)
+        if cause is None:
+            raise
+        raise cause from err
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The OSError behind ``err``: itself, its cause or context, or a rank's failure inside a
+    ``torch.distributed.checkpoint`` CheckpointException."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [err]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return current
+        failures = getattr(current, "failures", None)  # CheckpointException: rank -> (exception, traceback)
+        if isinstance(failures, Mapping):
+            pending.extend(f[0] if isinstance(f, tuple) else f for f in failures.values())
+        pending.extend([current.__cause__, current.__context__])
+    return None
 
 
 def _commit(tmp: Path, final: Path, manifest: Mapping[str, Any]) -> None:
@@ -152,7 +199,16 @@ def save_sharded(
     try:
         for name in SHARDED_PARTS:
             writer = dcp.FileSystemWriter(tmp / name, single_file_per_rank=True, sync_files=True)
-            dcp.save({name: state[name]}, storage_writer=writer)  # collective; raises on all ranks on failure
+            try:
+                dcp.save({name: state[name]}, storage_writer=writer)  # collective; raises on all ranks on failure
+            except Exception as err:
+                cause = _os_error_in(err)
+                wrapped = (
+                    None if cause is None else storage_error(cause, final, "saving checkpoint", _AFTER_A_FAILED_SAVE)
+                )
+                if wrapped is None:
+                    raise
+                raise wrapped from err
         dist.barrier()
         # hash in parallel: rank r takes every world-th file (the names are the same on every rank)
         names = sorted(f"{part}/{p.name}" for part in SHARDED_PARTS for p in (tmp / part).iterdir() if p.is_file())
@@ -163,12 +219,12 @@ def save_sharded(
         if rank == 0:
             try:
                 files = {k: v for share in gathered for k, v in share.items()}
-                for name, obj in parts.items():
-                    path = tmp / f"{name}.pt"
-                    torch.save(obj, path)
-                    _fsync(path)
-                    files[path.name] = _entry(path)
-                _commit(tmp, final, {"step": step, "format": SHARDED, "files": files, "meta": dict(meta)})
+                with reporting_storage_errors(final, "saving checkpoint", _AFTER_A_FAILED_SAVE):
+                    for name, obj in parts.items():
+                        path = tmp / f"{name}.pt"
+                        _torch_save(obj, path)
+                        files[path.name] = _entry(path)
+                    _commit(tmp, final, {"step": step, "format": SHARDED, "files": files, "meta": dict(meta)})
             except BaseException as err:  # every rank must learn that the save failed
                 outcome = [f"{type(err).__name__}: {err}"]
         dist.broadcast_object_list(outcome, src=0)
@@ -185,33 +241,6 @@ def _entry(path: Path) -> dict[str, Any]:
     return {"sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
-def verify(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check every file of a checkpoint against its manifest; returns the manifest.
-
-    Raises:
-        CheckpointError: naming the missing, truncated or corrupted file.
-    """
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"checkpoint {directory} has no {MANIFEST} (incomplete or not a checkpoint)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupted: {err}") from err
-    for name, entry in manifest["files"].items():
-        path = directory / name
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing")
-        if path.stat().st_size != entry["bytes"]:
-            raise CheckpointError(
-                f"checkpoint file {path} is truncated ({path.stat().st_size} of {entry['bytes']} bytes)"
-            )
-        if file_sha256(path) != entry["sha256"]:
-            raise CheckpointError(f"checkpoint file {path} is corrupted (SHA-256 mismatch)")
-    return manifest
-
-
 def load(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Verify then load a checkpoint's ``torch.save`` files: returns (parts, manifest). A ``full`` checkpoint's
     parts include ``model`` and ``optimizer``; a ``sharded`` one's state is read with
@@ -223,10 +252,6 @@ def load(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
         if "/" not in name and name.endswith(".pt")
     }
     return parts, manifest
-
-
-def checkpoint_format(manifest: Mapping[str, Any]) -> str:
-    return manifest.get("format", FULL)  # manifests before the sharded format were all full
 
 
 def load_model_state(directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None) -> dict:
@@ -273,7 +298,7 @@ def checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_NAME.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -283,33 +308,73 @@ def latest(root: str | os.PathLike[str]) -> Path | None:
     return found[-1][1] if found else None
 
 
-def newest_valid(root: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies and its manifest, None when there is no checkpoint at all.
+def newest_valid(root: str | os.PathLike[str], *, set_aside: bool = True) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies completely (:func:`verify` with ``complete=True``) and its manifest, None
+    when there is no checkpoint at all.
 
-    A newer checkpoint that fails verification (a kill during a copy, a zero-length file, an empty directory) is
-    renamed ``<name>.invalid`` with a warning naming it and the reason, and the next older one is tried.
+    A newer checkpoint that fails verification (a kill during a copy, a zero-length file, an empty directory, a
+    folder renamed to another step, a malformed manifest) is passed over with a warning naming it and the reason,
+    and the next older one is tried.
+
+    Args:
+        set_aside: rename each passed-over checkpoint ``<name>.invalid`` (never deleted, and never overwritten by a
+            later save of its step): what a resume does, holding the run's lock. An evaluation, which may run beside
+            the trainer, only warns.
 
     Raises:
-        CheckpointError: checkpoints exist but none verifies (nothing is renamed then).
+        CheckpointError: checkpoints exist but none verifies (nothing is renamed then), or one cannot be set aside.
+        CheckpointUnreadable: a checkpoint file may not be read (a resume stops rather than go back to an older one).
     """
     found = checkpoints(root)
     failures = []
     for _, path in reversed(found):
         try:
-            manifest = verify(path)
+            manifest = verify(path, complete=True)
+        except CheckpointUnreadable:
+            raise
         except CheckpointError as err:
             failures.append((path, err))
             continue
         for bad, err in failures:
-            aside = bad.with_name(bad.name + ".invalid")
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(bad, aside)
+            if not set_aside:
+                warnings.warn(f"{err}; passed over, reading {path}", stacklevel=2)
+                continue
+            aside = _aside(bad)
+            try:
+                os.replace(bad, aside)
+            except OSError as move:
+                raise CheckpointError(
+                    f"{err}; it cannot be set aside as {aside} ({move.strerror}): move it out of {bad.parent} "
+                    f"yourself, then rerun to resume from {path}"
+                ) from None
             warnings.warn(f"{err}; kept aside as {aside}, resuming from {path}", stacklevel=2)
         return path, manifest
     if failures:
         listed = "; ".join(str(err) for _, err in failures)
         raise CheckpointError(f"no checkpoint under {root} verifies: {listed}")
     return None
+
+
+def _aside(path: Path) -> Path:
+    """``<name>.invalid`` (``.invalid-2``, ... when an earlier one of that name is kept already: nothing is deleted)."""
+    aside, n = path.with_name(path.name + ".invalid"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.invalid-{n}")
+    return aside
+
+
+def at_step(root: str | os.PathLike[str], step: int) -> tuple[Path, dict[str, Any]]:
+    """Checkpoint ``step`` under ``root`` and its manifest, verified completely (its manifest says that step).
+
+    Raises:
+        CheckpointError: there is no such checkpoint, or it does not verify (naming the folder and why).
+    """
+    path = Path(root) / f"{_PREFIX}{step:08d}"
+    if not path.is_dir():
+        kept = [s for s, _ in checkpoints(root)]
+        raise CheckpointError(f"checkpoint {path} does not exist (step {step!r}); the checkpoints there: {kept}")
+    return path, verify(path, complete=True)
 
 
 def remove_temporaries(root: str | os.PathLike[str]) -> list[Path]:

@@ -422,8 +422,9 @@ def _checkpoint_or_stop_on_request(
 
 
 def _finish(run: _Run, step: int) -> Path:
-    """Write ``final.json``: the provenance of the run, its counters and the final checkpoint with its hash."""
-    final_ckpt, manifest = checkpoint.newest_valid(run.run_dir / "checkpoints")
+    """Write ``final.json``: the provenance of the run, its counters and the final checkpoint with its hash (the
+    checkpoint whose manifest says step ``step``, verified completely)."""
+    final_ckpt, manifest = checkpoint.at_step(run.run_dir / "checkpoints", step)
     record = provenance(
         "train",
         run.cfg.to_dict(),
