@@ -114,7 +114,7 @@ def test_checkpointing_every_block_reproduces_the_run_bit_for_bit(tmp_path, reci
     stopped = _outcome(plain)
     assert _outcome(recomputed) == stopped  # a recipe that stops on a non-finite operand stops the same way
     if stopped is not None:
-        return  # (at step 1 for the 4/6 recipes on the debug models, with or without checkpointing)
+        return
     _assert_same_run(plain, recomputed)
     if recipes.get(recipe).gemm.model.value != "bf16":  # the diagnostics are in the records compared
         assert _records(plain)[0]["quantized_blocks"] > 0
@@ -176,8 +176,8 @@ def test_the_recomputed_forward_runs_and_is_left_uncounted(tmp_path, monkeypatch
     doubled = _train(_config(tmp_path, "doubled", activation_checkpointing="every_block"))
     counted, once = _records(doubled)[0], _records(plain)[0]
     assert counted["quantized_blocks"] > once["quantized_blocks"]
-    assert {k: v for k, v in counted.items() if "blocks" not in k} == {
-        k: v for k, v in once.items() if "blocks" not in k
+    assert {k: v for k, v in counted.items() if "blocks" not in k and k != "telemetry"} == {
+        k: v for k, v in once.items() if "blocks" not in k and k != "telemetry"
     }
 
 

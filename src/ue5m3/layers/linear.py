@@ -38,7 +38,7 @@ from torch import nn
 
 from ue5m3.layers.matmul import FP4Matmul, LinearCall, LinearPolicy
 from ue5m3.layers.recipes import GemmModel, Operand, Recipe
-from ue5m3.layers.telemetry import LinearTelemetry, OperandChecks, QuantStats, is_recomputing
+from ue5m3.layers.telemetry import LinearTelemetry, OperandChecks, QuantStats, TelemetrySample, is_recomputing
 from ue5m3.layers.weight_cache import WeightCache, WeightCaching
 from ue5m3.numerics.backend import Backend
 from ue5m3.numerics.philox import SRState
@@ -119,7 +119,7 @@ class QuantLinear(nn.Module):
         ones (nothing refreshes, no collective runs); the SR streams are keyed by the same step and microbatch (and
         the backward pass uses the first forward pass's call anyway); the weight cache holds the same epoch. Only
         its diagnostics go to a scratch accumulator and a throw-away check list, so the step counts each fprop
-        operand and each deferred check once."""
+        operand and each deferred check once (and it samples no scale telemetry)."""
         policy, state = self.policy, self.scale_state
         recompute = is_recomputing()
         checks = OperandChecks() if recompute else self.telemetry.checks
@@ -128,6 +128,11 @@ class QuantLinear(nn.Module):
         if not policy.scheme.uses_tensor_amax:  # MX scales read only their block: no references to take or hold
             state = None
         name = policy.module
+        sample = None
+        if self.telemetry.sampling and not recompute:  # a step the run logs: its scale telemetry is recorded
+            held = functools.partial(_is_held, state, name)
+            seen = self.telemetry.weights_seen(epoch)
+            sample = TelemetrySample(stats=self.telemetry.stats_on(x.device), held=held, weights_seen=seen)
         # finiteness checks are deferred to one read per optimizer step (training) or work unit (evaluation)
         ref_x = state.reference(OperandRole.ACTIVATION, name, x, checks) if state is not None else None
         ref_w = state.reference(OperandRole.WEIGHT, name, self.weight, checks) if state is not None else None
@@ -150,6 +155,7 @@ class QuantLinear(nn.Module):
             weight_epoch=epoch,
             counts=counts,
             checks=checks,
+            sample=sample,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -166,6 +172,11 @@ class QuantLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             f"scheme={self.policy.scheme.name}, gemm={self.policy.gemm.model.value}"
         )
+
+
+def _is_held(state: ScaleState | None, module: str, role: OperandRole) -> bool:
+    """Whether ``module``'s ``role`` reference in the open step is held (False without references)."""
+    return state is not None and state.is_held(role, module)
 
 
 # ----- conversion ---------------------------------------------------------------------------------------
@@ -304,9 +315,10 @@ def find_scale_state(model: nn.Module) -> ScaleState | None:
 
 def find_quant_stats(model: nn.Module) -> QuantStats | None:
     """The reader of the diagnostics of the model's QuantLinear modules (None if none are converted):
-    ``pop()`` gives the block counts summed over them since the last pop, ``checks.raise_if_any()`` reads their
+    ``pop()`` gives the block counts summed over them since the last pop and the scale telemetry per linear and
+    role, ``sample(on)`` turns that telemetry on for the coming calls, ``checks.raise_if_any()`` reads their
     deferred finiteness checks."""
-    found = [m.telemetry for m in model.modules() if isinstance(m, QuantLinear)]
+    found = [(m.policy.module, m.telemetry) for m in model.modules() if isinstance(m, QuantLinear)]
     return QuantStats(found) if found else None
 
 

@@ -33,6 +33,7 @@ from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.philox import ElementIndex, RandomStream
 from ue5m3.numerics.quantize import AxisQuantization, BlockScheme, QuantizedTensor, quantize, quantize_both_axes
+from ue5m3.numerics.scaling import OperandRole
 
 __all__ = ["LinearPolicy", "OperandCall", "LinearCall", "FP4Matmul", "quantize_operands", "run_gemm"]
 
@@ -117,6 +118,7 @@ class LinearCall:
         weight_epoch: the scale state's weight epoch at this call (None without a scale state).
         counts: the layer's int64 [6, 4] accumulator on the operands' device (:mod:`ue5m3.layers.telemetry`).
         checks: the layer's deferred finiteness checks.
+        sample: where this call records its scale telemetry (a step the run logs), or None (no sampling).
     """
 
     policy: LinearPolicy
@@ -129,6 +131,7 @@ class LinearCall:
     weight_epoch: int | None
     counts: torch.Tensor
     checks: OperandChecks
+    sample: telemetry.TelemetrySample | None = None
 
     def operand(self, operand: Operand, reference: torch.Tensor | None) -> OperandCall:
         """The quantization of slot ``operand`` in this call; an RHT copy is scaled by its current amax instead of
@@ -230,8 +233,28 @@ def _quantize(
 ) -> tuple[QuantizedTensor, ...]:
     """``tensor`` quantized for the slots ``operands``, which share ``reference``."""
     policy = call.policy
-    calls = (call.operand(operand, reference) for operand in operands)
-    return quantize_operands(tensor, *calls, scheme=policy.scheme, backend=policy.backend, checks=call.checks)
+    calls = [call.operand(operand, reference) for operand in operands]
+    quantized = quantize_operands(tensor, *calls, scheme=policy.scheme, backend=policy.backend, checks=call.checks)
+    if call.sample is not None:
+        for operand_call, q in zip(calls, quantized, strict=True):
+            _observe(call.sample, tensor, operand_call, q)
+    return quantized
+
+
+def _observe(sample: telemetry.TelemetrySample, tensor: torch.Tensor, call: OperandCall, q: QuantizedTensor) -> None:
+    """Record ``q``'s scale telemetry, with ``tensor`` as its quantizer received it (transposed for dY^T and W^T;
+    Hadamard-transformed again for an RHT copy: a sampled step pays for it, the others do not)."""
+    spec = call.spec
+    if spec.role is OperandRole.WEIGHT:  # once per slot and step, however often the cache misses
+        if spec.operand in sample.weights_seen:
+            return
+        sample.weights_seen.add(spec.operand)
+    if spec.rht:  # as _quantize_one transforms it: along tokens, in BF16
+        tensor = hadamard.rht(tensor.t(), out_dtype=torch.bfloat16).to(torch.float32).t()
+    source = tensor.t() if _SLOTS[spec.operand][2] else tensor
+    stochastic = Rounding(call.settings().rounding).random_bit_count > 0
+    held = call.reference is not None and sample.held(spec.role)
+    telemetry.observe(sample, spec.operand, q, source, stochastic=stochastic, held=held)
 
 
 def _weight(call: LinearCall, operand: Operand, weight: torch.Tensor) -> QuantizedTensor:

@@ -206,6 +206,12 @@ class ScaleState:
             self._entries[key] = entry
         return entry.amax.to(device=tensor.device, copy=True)
 
+    def is_held(self, role: OperandRole | str, module: str) -> bool:
+        """Whether ``(role, module)``'s reference in the open step is a held one, taken at an earlier step (False
+        for a key refreshed this step, or never seen): what a stale-reference diagnostic asks."""
+        entry = self._entries.get((_coerce_role(role), module))
+        return entry is not None and self._step is not None and entry.last_refresh < self._step
+
     def _refresh(
         self, role: OperandRole, module: str, tensor: torch.Tensor, checks: DeferredChecks | None = None
     ) -> torch.Tensor:

@@ -299,8 +299,8 @@ def _train_locked(
     rolling = WallClockCheckpoints(cfg.checkpoint_every_minutes)
     last = run.start
     for step in _steps(run.start, cfg.steps, progress):
-        record = _step(run, step, stats)
         logged = step % cfg.log_every == 0 or step == cfg.steps
+        record = _step(run, step, stats, logged)
         if rank == 0 and logged:
             append_jsonl(run.metrics, record)
         progress.update(figures=_figures(record), report=logged)
@@ -377,15 +377,18 @@ def _progress(run: _Run) -> Progress:
     )
 
 
-def _step(run: _Run, step: int, stats: Any) -> dict[str, Any]:
+def _step(run: _Run, step: int, stats: Any, logged: bool) -> dict[str, Any]:
     """One optimizer step (:func:`train_step`) and its metrics record: loss, gradient norm, learning rate,
-    tokens/s and the quantizers' block-scale diagnostics (``stats``, None for a BF16 run); advances the counters."""
+    tokens/s and, on a ``logged`` step, the quantizers' block-scale diagnostics since the last logged step with the
+    step's scale telemetry (``stats``, None for a BF16 run: :mod:`ue5m3.layers.telemetry`); advances the counters."""
+    if stats is not None:
+        stats.sample(logged)  # only the steps the run logs record the scale telemetry (read once, below)
     began = time.perf_counter()
     record = train_step(step, run.model, run.optimizer, run.stream, run.cfg, run.recipe)
     record["tokens_per_s"] = run.tokens_per_step / (time.perf_counter() - began)
     run.counters["loss_above_3"] += int(record["loss"] > 3)
     run.counters["grad_norm_above_1"] += int(record["grad_norm"] > 1)
-    if stats is not None:
+    if stats is not None and logged:
         record.update(stats.pop())
     return record
 
