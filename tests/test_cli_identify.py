@@ -84,7 +84,7 @@ def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, capsys):
         ["parity", "--config", '{"backend_a": "emulated:nope", "backend_b": "emulated"}', "--run-config",
          str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "p.json")],
     ]  # fmt: skip
-    expected = ["unknown oracle 'hopper'", "slice_widths: positive ints or null", "backend_a: unknown backend"]
+    expected = ["unknown oracle 'hopper'", "slice_widths[0]: must be in [1, 1,048,576]", "backend_a: unknown backend"]
     for args, message in zip(bad, expected, strict=True):
         assert cli.main(args) == 2
         assert message in capsys.readouterr().err

@@ -72,8 +72,8 @@ BAD = {
     "native on the cpu": ({"execution": "native_te"}, "throughput.device: execution 'native_te' runs on a CUDA"),
     "unknown execution": ({"execution": "native"}, "throughput.execution"),
     "unknown device": ({"device": "tpu"}, "throughput.device: expected 'cpu', 'cuda' or 'cuda:N'"),
-    "no measured steps": ({"measured_steps": 0}, "throughput.measured_steps: must be an int >= 1"),
-    "negative warm-up": ({"warmup_steps": -1}, "throughput.warmup_steps: must be an int >= 0"),
+    "no measured steps": ({"measured_steps": 0}, "throughput.measured_steps: must be in [1, 1,000,000]"),
+    "negative warm-up": ({"warmup_steps": -1}, "throughput.warmup_steps: must be in [0, 1,000,000]"),
     "string sequence length": ({"sequence_length": "64"}, "throughput.sequence_length"),
     "bad run name": ({"run": "a/b"}, "throughput.run:"),
     "final 8 layers of a 7-layer model": (

@@ -42,6 +42,7 @@ __all__ = [
     "Range",
     "ranges",
     "range_problems",
+    "outside",
     "check_ranges",
     "load",
     "load_as",
@@ -387,14 +388,14 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def describe(self) -> str:
-        """The range as an interval (``[1, 100,000,000]``, ``(0, 1]``, ``>= 0``)."""
+        """What the range asks, as a message says it: ``in [1, 100,000,000]``, ``in (0, 1]``, ``> 0``."""
         low = None if self.low is None else _number(self.low)
         high = None if self.high is None or self.high == math.inf else _number(self.high)
         if high is None:
-            return "any number" if low is None else f"{'>' if self.low_open else '>='} {low}"
+            return "a finite number" if low is None else f"{'>' if self.low_open else '>='} {low}"
         if low is None:
             return f"{'<' if self.high_open else '<='} {high}"
-        return f"{'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
 
 
 def _number(value: float) -> str:
@@ -423,19 +424,22 @@ def _numbers(value: Any, label: str) -> typing.Iterator[tuple[str, Any]]:
         yield label, value
 
 
+def outside(bounds: Range, value: Any, label: str) -> list[str]:
+    """``label: must be in ..., got X`` for every number of ``value`` (a field's value) outside ``bounds``."""
+    note = f" ({bounds.note})" if bounds.note else ""
+    return [
+        f"{where}: must be {bounds.describe()}{note}, got {number!r}"
+        for where, number in _numbers(value, label)
+        if number not in bounds
+    ]
+
+
 def range_problems(cls: type, values: Mapping[str, Any]) -> list[str]:
-    """``key: must lie in ..., got X`` for every number of ``values`` (field name -> value) outside its range."""
+    """``key: must be in ..., got X`` for every number of ``values`` (field name -> value) outside its range."""
     declared = ranges(cls)
-    problems = []
-    for key, value in values.items():
-        bounds = declared.get(key)
-        if bounds is None:
-            continue
-        for label, number in _numbers(value, key):
-            if number not in bounds:
-                note = f" ({bounds.note})" if bounds.note else ""
-                problems.append(f"{label}: must lie in {bounds.describe()}{note}, got {number!r}")
-    return problems
+    return [
+        problem for key, value in values.items() if key in declared for problem in outside(declared[key], value, key)
+    ]
 
 
 def check_ranges(obj: Any) -> None:
@@ -443,7 +447,7 @@ def check_ranges(obj: Any) -> None:
     instance built in code is held to the ranges the loader enforces.
 
     Raises:
-        ValueError: ``key: must lie in ..., got X`` for the first such number.
+        ValueError: ``key: must be in ..., got X`` for the first such number.
     """
     values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
     problems = range_problems(type(obj), values)

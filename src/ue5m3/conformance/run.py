@@ -17,10 +17,12 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.conformance.corpus import Case, corpus_sha256, make_corpus
 from ue5m3.conformance.judge import INSTALL_HINT, Cell, Verdict, compare, save_counterexample
 from ue5m3.conformance.known import KNOWN
@@ -49,6 +51,14 @@ class ConformanceConfig:
     cols: int = 256
     ulp_tolerance: int = 0
     p_value_threshold: float = 0.01
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+        "rows": Range(2, 2**16, note="rows of the random tensors"),
+        "cols": Range(64, 2**16, note="columns of the random tensors, a multiple of 64"),
+        "ulp_tolerance": Range(0, 2**23, note="FP32 ulps, 0: bit-exact only"),
+        "p_value_threshold": Range(0, 1, low_open=True, high_open=True, note="a p-value threshold; the default: 0.01"),
+    }
 
     def __post_init__(self) -> None:
         if self.rows < 2 or self.cols < 64 or self.cols % 64:

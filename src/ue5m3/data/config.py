@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from ue5m3 import config
+from ue5m3.config import Range
 
 __all__ = ["Corpus", "MixUnit", "DataConfig", "STREAM_NAMES"]
 
@@ -120,6 +121,22 @@ class DataConfig:
     prepare_parts: int = 1
     """Parallel jobs the preparation is split into (``ue5m3 prepare-data --part i``, then ``merge-data``); the
     prepared data are the same bytes for every count. More than one needs ``tokenizer_path`` (docs/data.md)."""
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "max_documents": Range(1, 2**40, note="documents kept per stream, null: all"),
+        "vocab_size": Range(
+            260, 2**32, note="tokens of the BPE, 256 bytes + PAD, BOS, EOS + merges; the paper: 131,072"
+        ),
+        "sequence_length": Range(1, 2**20, note="tokens per training sequence; the paper: 8,192"),
+        "mix": Range(1, 2**20, note="(a, period) of the stream mix; the paper: 41, 50"),
+        "validation_fraction": Range(0, 1, high_open=True, note="a share of the document ids"),
+        "calibration_fraction": Range(0, 1, high_open=True, note="a share of the document ids"),
+        "validation_windows": Range(0, 2**24, note="held-out windows; the paper: 768"),
+        "calibration_windows": Range(0, 2**24, note="calibration windows"),
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+        "shard_tokens": Range(1, 2**40, note="tokens per shard file; the default: 2^28"),
+        "prepare_parts": Range(1, 2**14, note="parallel preparation jobs"),
+    }
 
     def __post_init__(self) -> None:
         if not isinstance(self.corpus, Corpus):

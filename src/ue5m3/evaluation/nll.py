@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ue5m3 import config
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.evaluation.inference import InferenceModel, InferencePolicy, load_for_inference, order_id
 from ue5m3.logs import Progress
 from ue5m3.training.config import read_run_config
@@ -70,6 +71,12 @@ class NllConfig:
     seed: int = 0
     bootstrap_samples: int = 2000
     force_bf16: bool = False
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "replay_orders": Range(1, 10**4, note="evaluation orders of the cold replay; the paper: 3"),
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+        "bootstrap_samples": Range(1, 10**7, note="bootstrap resamples; the default: 2,000"),
+    }
 
     def __post_init__(self) -> None:
         if self.replay_orders < 1:

@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 
 from ue5m3 import config, models
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.evaluation.inference import default_device, load_checkpoint_weights
 from ue5m3.layers.linear import layer_index
 from ue5m3.numerics import formats
@@ -67,6 +68,10 @@ class SnapshotConfig:
 
     modules: tuple[str, ...] | None = None
     targets: tuple[float, ...] = (448.0, 2048.0)
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "targets": Range(1, 2**16, note="a tensor-scale target T; the paper: 448 to 4096"),
+    }
 
     def __post_init__(self) -> None:
         if self.modules is not None and not self.modules:

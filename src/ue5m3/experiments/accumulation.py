@@ -39,11 +39,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from ue5m3 import logs
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.numerics.exact import add_rounded, check_grid, exact_sum, is_grid, slice_partials, snap
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.gemm import alpha
@@ -253,6 +255,24 @@ class AccumulationConfig:
     sweep_scale: float = 1.0
     sweep_grids: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+        "slice_width": Range(1, 2**16, note="products per K slice; hardware: 16 to 128"),
+        "grid": Range(2, 2**24, note="a power-of-two lattice denominator; the paper: 1024"),
+        "dots": Range(2, 2**24, note="dot products per cell"),
+        "k": Range(1, 2**20, note="the length K of the dot products; the paper: 4096"),
+        "gain_rho": Range(-1, 1, note="a correlation"),
+        "regression_examples": Range(1, 2**20, note="the batch size B of the probe"),
+        "regression_features": Range(1, 2**20, note="the features F of the probe"),
+        "cancellation_trials": Range(2, 2**24, note="trials"),
+        "cancellation_partials": Range(2, 2**16, note="slice results per trial, even"),
+        "cancellation_scales": Range(0, 2**64, low_open=True, note="scales of the partials"),
+        "sigmas": Range(0, 2**64, note="residual standard deviations, 0 included"),
+        "sweep_sigma": Range(0, 2**64, low_open=True, note="a residual standard deviation"),
+        "sweep_scale": Range(0, 2**64, low_open=True, note="a partial scale"),
+        "sweep_grids": Range(2, 2**24, note="power-of-two lattice denominators"),
+    }
+
     def __post_init__(self) -> None:
         def require(ok: bool, key: str, what: str) -> None:
             if not ok:
@@ -274,9 +294,13 @@ class AccumulationConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"accumulation.{key} must be an integer, got {value!r}")
             require(value >= minimum, key, f">= {minimum}")
-        for key in ("k", "regression_examples", "regression_features"):
-            multiple = math.lcm(self.slice_width, 16)  # whole slices, and whole NVFP4 blocks of 16
-            require(getattr(self, key) % multiple == 0, key, f"a multiple of {multiple} (slices and NVFP4 blocks)")
+        for key in ("k", "regression_examples", "regression_features"):  # whole NVFP4 blocks of 16, whole slices
+            require(getattr(self, key) % 16 == 0, key, "a multiple of 16 (whole NVFP4 blocks)")
+            if getattr(self, key) % self.slice_width:
+                raise ValueError(
+                    f"accumulation.slice_width must divide {key} ({getattr(self, key)}) into whole slices, got "
+                    f"{self.slice_width!r} (the paper's hardware: 16, 32, 64 or 128)"
+                )
         require(self.cancellation_partials % 2 == 0, "cancellation_partials", "even (partials and negatives)")
         for key, choices in (("distributions", DISTRIBUTIONS), ("operands", OPERANDS)):
             values = getattr(self, key)

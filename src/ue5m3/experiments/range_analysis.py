@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.numerics import formats
 from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, FloatFormat
 from ue5m3.numerics.quantize import quantize
@@ -48,6 +50,12 @@ class RangeAnalysisConfig:
     targets: tuple[float, ...] = (256.0, 448.0, 1024.0, 2048.0, 4096.0)
     example_reference: float = 100.0
     example_targets: tuple[float, ...] = (448.0, 2048.0)
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "targets": Range(1, 2**16, note="a tensor-scale target T; the paper: 448 to 4096"),
+        "example_reference": Range(0, 3.4e38, low_open=True, note="a tensor amax g, a finite FP32 value"),
+        "example_targets": Range(1, 2**16, note="a tensor-scale target T; the paper: 448 to 4096"),
+    }
 
     def __post_init__(self) -> None:
         for key in ("targets", "example_targets"):

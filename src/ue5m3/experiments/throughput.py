@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from torch import nn
 from ue5m3 import config as config_loader
 from ue5m3 import models
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.layers import native_te, recipes
 from ue5m3.layers.linear import (
     ConversionRecord,
@@ -145,6 +146,14 @@ class ThroughputConfig:
     warmup_steps: int = 10
     measured_steps: int = 100
     seed: int = 0
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "batch_size": Range(1, 2**16, note="sequences per step"),
+        "sequence_length": Range(1, 2**20, note="tokens per sequence; the paper: 8,192"),
+        "warmup_steps": Range(0, 10**6, note="untimed steps"),
+        "measured_steps": Range(1, 10**6, note="timed steps"),
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+    }
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_overrides", dict(self.model_overrides))

@@ -13,11 +13,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 
 from ue5m3 import config
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 
 __all__ = ["SummaryConfig", "load_runs", "smooth", "final_window", "by_recipe", "run"]
 
@@ -35,6 +37,11 @@ class SummaryConfig:
 
     final_window: int = 10
     smoothing_steps: int = 250
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "final_window": Range(1, 10**6, note="logged points of the final window; the paper: 10"),
+        "smoothing_steps": Range(1, 10**7, note="optimizer steps of the moving window; the paper: 250"),
+    }
 
     def __post_init__(self) -> None:
         for key in ("final_window", "smoothing_steps"):

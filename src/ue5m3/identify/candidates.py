@@ -39,9 +39,11 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
+from ue5m3.config import Range
 from ue5m3.numerics.exact import add_rounded, check_grid, exact_sum, slice_partials, snap
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.gemm import fused_step
@@ -185,6 +187,13 @@ class CandidateGrid:
     extra: tuple[str, ...] = ("w64-fused35-rtz",)
     exact_sum: bool = True
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "slice_widths": Range(1, 2**20, note="products per slice, null: one slice over K; hardware: 16 to 128"),
+        "partial_bits": Range(1, MAX_PARTIAL_BITS, note="bits of a fused truncated step, null: rounded once"),
+        "promotions": Range(1, 2**20, note="K interval of a promotion, null: never; Hopper: 128"),
+        "final_grids": Range(2, 2**24, note="a lattice denominator of the final snap, null: none"),
+    }
+
     def __post_init__(self) -> None:
         for key in ("slice_widths", "partial_bits", "roundings", "promotions", "final_grids"):
             values = getattr(self, key)
@@ -201,18 +210,50 @@ class CandidateGrid:
             raise ValueError(f"roundings: unknown {unknown!r}; accepted: ['rne', 'rtz']")
         for name in self.extra:
             parse(name)  # a name that does not parse is refused here, naming it
+        self._check_every_value_forms_a_candidate()
 
-    def candidates(self) -> list[Candidate]:
-        """Every candidate of the grid, each once, in a fixed order."""
-        out: dict[str, Candidate] = {}
+    def _product(self) -> tuple[list[Candidate], list[tuple[dict[str, object], str]]]:
+        """The valid candidates of the parameter product, and the invalid combinations with why."""
+        made, refused = [], []
         product = itertools.product(
             self.slice_widths, self.partial_bits, self.roundings, self.promotions, self.final_grids
         )
         for w, b, r, p, g in product:
+            values: dict[str, object] = {
+                "slice_width": w,
+                "partial_bits": b,
+                "rounding": r,
+                "promotion": p,
+                "final_grid": g,
+            }
             try:
-                candidate = Candidate(slice_width=w, partial_bits=b, rounding=Rounding(r), promotion=p, final_grid=g)
-            except ValueError:
-                continue  # e.g. a promotion interval not larger than the slice
+                made.append(Candidate(**{**values, "rounding": Rounding(r)}))
+            except ValueError as err:  # e.g. a promotion interval not larger than the slice
+                refused.append((values, str(err)))
+        return made, refused
+
+    def _check_every_value_forms_a_candidate(self) -> None:
+        """Each value a list names is in at least one valid candidate: a promotion no larger than every slice width,
+        or a final grid that is not a power of two, would otherwise drop out of the fit without a word."""
+        made, refused = self._product()
+        for key, attr in (
+            ("slice_widths", "slice_width"),
+            ("partial_bits", "partial_bits"),
+            ("promotions", "promotion"),
+            ("final_grids", "final_grid"),
+        ):
+            for value in getattr(self, key):
+                if not any(getattr(c, attr) == value for c in made):
+                    why = next(reason for values, reason in refused if values[attr] == value)
+                    raise ValueError(
+                        f"{key}: {value!r} forms no valid candidate with the grid's other values ({why}); change it "
+                        "or the values it combines with"
+                    )
+
+    def candidates(self) -> list[Candidate]:
+        """Every candidate of the grid, each once, in a fixed order."""
+        out: dict[str, Candidate] = {}
+        for candidate in self._product()[0]:
             out.setdefault(candidate.name, candidate)
         for name in self.extra:
             out.setdefault(parse(name).name, parse(name))

@@ -33,6 +33,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,7 @@ from torch import nn
 
 from ue5m3 import logs
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear, convert, find_quant_stats
 from ue5m3.layers.recipes import Recipe
@@ -101,6 +103,21 @@ class GridControlConfig:
     student_noise: float = 0.25
     target: float = 448.0
     interval: int = 50
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "seeds": Range(0, 2**63 - 1, note="a seed"),
+        "grids": Range(2, 2**24, note="a lattice denominator, null: unsnapped"),
+        "steps": Range(1, 10**6, note="AdamW steps per run; the paper: 500"),
+        "batch_size": Range(1, 2**16, note="examples per step"),
+        "lr": Range(0, 1, low_open=True, note="AdamW learning rate; the default: 2e-3"),
+        "betas": Range(0, 1, high_open=True, note="AdamW betas"),
+        "weight_decay": Range(0, 1, note="AdamW weight decay"),
+        "train_examples": Range(1, 2**24, note="training inputs per seed"),
+        "eval_examples": Range(1, 2**24, note="evaluation inputs per seed"),
+        "student_noise": Range(0, 100, note="noise of the student around the teacher"),
+        "target": Range(1, 2**16, note="a tensor-scale target T; the paper: 448 to 4096"),
+        "interval": Range(1, 10**6, note="refresh interval D of the references; the paper: 50"),
+    }
 
     def __post_init__(self) -> None:
         def require(ok: bool, key: str, what: str) -> None:

@@ -23,13 +23,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ue5m3 import models
 from ue5m3.artifacts import provenance, write_json
+from ue5m3.config import Range
 from ue5m3.data import DataConfig, RandomTokenStream
 from ue5m3.layers import native_te, recipes
 from ue5m3.layers.linear import find_scale_state, find_sr_state
@@ -163,6 +164,11 @@ class ParityConfig:
     backend_b: str
     steps: int = 3
     batch_size: int | None = None
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "steps": Range(1, 10**6, note="AdamW steps of the comparison"),
+        "batch_size": Range(1, 2**16, note="sequences per microbatch, null: the run's micro_batch"),
+    }
 
     def __post_init__(self) -> None:
         for key in ("backend_a", "backend_b"):

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from ue5m3.config import Range
 from ue5m3.numerics import formats
 from ue5m3.numerics.gemm import alpha
 from ue5m3.numerics.quantize import get_scheme, quantize
@@ -186,6 +187,20 @@ class CorpusConfig:
     witness_cells: int = 64
     """Most witnesses kept, nearest the midpoint first."""
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+        "order_k": Range(1, 2**20, note="K of the order tests"),
+        "order_permutations": Range(1, 10**5, note="permutations; the paper: 258"),
+        "threshold_k": Range(1, 2**20, note="K of the threshold probes"),
+        "threshold_cells": Range(1, 10**7, note="threshold dot products"),
+        "broad_m": Range(1, 2**16, note="rows; the paper: 128"),
+        "broad_n": Range(1, 2**16, note="columns; the paper: 256"),
+        "broad_k": Range(1, 2**20, note="K; the paper: 6,144"),
+        "broad_cells": Range(1, 10**7, note="cells per GEMM; the paper: 512"),
+        "witness_tolerance": Range(0, 0.5, low_open=True, note="BF16 ulps from a midpoint"),
+        "witness_cells": Range(1, 10**7, note="witnesses kept"),
+    }
+
     def __post_init__(self) -> None:
         if self.scheme != FP8:
             get_scheme(self.scheme)  # raises for an unknown scheme, naming it
@@ -198,9 +213,7 @@ class CorpusConfig:
         if self.broad_cells > self.broad_m * self.broad_n:
             raise ValueError("broad_cells: exceeds broad_m * broad_n")
         if not 0 < self.witness_tolerance <= 0.5:
-            raise ValueError(
-                f"witness_tolerance: must be in (0, 0.5] ulps, got {self.witness_tolerance!r}"
-            )
+            raise ValueError(f"witness_tolerance: must be in (0, 0.5] ulps, got {self.witness_tolerance!r}")
 
 
 # ----- element and scale values ---------------------------------------------------------------------------

@@ -10,9 +10,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ue5m3 import config
 from ue5m3.artifacts import provenance, write_csv, write_json
+from ue5m3.config import Range
 from ue5m3.identify.candidates import CandidateGrid, parse
 from ue5m3.identify.corpus import Corpus, make_corpus
 from ue5m3.identify.fit import fit
@@ -36,6 +38,11 @@ class WitnessConfig:
     module: str
     sequences: int = 8
     step: int | None = None
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "sequences": Range(1, 2**20, note="validation windows fed through the model"),
+        "step": Range(1, 10**7, note="a checkpoint step, null: the newest"),
+    }
 
     def __post_init__(self) -> None:
         if not self.module:

@@ -24,8 +24,10 @@ selector of a recipe, so conversion, the native TE path and run identities only 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from typing import Any, NoReturn
 
 __all__ = ["LayerKind", "LayerSelector", "Layers", "ModelLayers", "check", "contains", "resolve"]
@@ -61,6 +63,10 @@ class ModelLayers:
     """Per numbered layer, in index order, the sublayer kinds its block holds."""
     linears: tuple[str, ...]
     """Names of the model's FP4-eligible linears; an override whose module pattern matches none is inapplicable."""
+    shipped_linears: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The eligible linears of each other model the project ships (by name): an override that matches none of this
+    model's linears but some of these is written for another model and left out here; one matching none at all
+    (a typo) is refused."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
@@ -73,6 +79,7 @@ class ModelLayers:
             kinds.append(frozenset(LayerKind(k) for k in layer))
         object.__setattr__(self, "kinds", tuple(kinds))
         object.__setattr__(self, "linears", tuple(self.linears))
+        object.__setattr__(self, "shipped_linears", {k: tuple(v) for k, v in dict(self.shipped_linears).items()})
 
     @property
     def depth(self) -> int:
@@ -82,6 +89,10 @@ class ModelLayers:
     def of_kind(self, kind: LayerKind | None) -> list[int]:
         """Indices of the layers holding ``kind`` (every layer for None), in order."""
         return [i for i, held in enumerate(self.kinds) if kind is None or kind in held]
+
+    def shipped_models_matching(self, pattern: str) -> list[str]:
+        """The other shipped models with a linear that the module pattern ``pattern`` matches."""
+        return [name for name, linears in self.shipped_linears.items() if any(fnmatchcase(n, pattern) for n in linears)]
 
     def summary(self) -> str:
         """The depth and how many layers hold each kind, e.g. ``"52 layers: 24 mamba, 4 attention, 24 mlp"``."""

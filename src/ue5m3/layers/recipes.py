@@ -22,14 +22,16 @@ layers", which is layers 44-51 of the 8B model and the final 8 of any other. :me
 recipe against one model (absolute indices, checked against its depth); every consumer of a run's recipe (training,
 evaluation, parity, the native TE path, the run identity) works on that resolved recipe.
 
-The named recipes ship as YAML files in ``ue5m3/layers/recipe_files`` (:func:`get`, :func:`names`); users copy
-and edit them and read them back with :func:`load`. Loading is strict (style rule 6, :func:`ue5m3.config.load`):
+The named recipes ship as YAML files in ``ue5m3/layers/recipe_files`` (:func:`get`, :func:`names`), the arms of
+the block-scale format study in its ``study`` folder (:func:`study_names`); users copy and edit them and read them
+back with :func:`load`. Loading is strict (style rule 6, :func:`ue5m3.config.load`):
 unknown and missing keys, wrong types and unknown enum values are refused with the key path and the source file in
 the message (style rule 14).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -67,12 +69,18 @@ __all__ = [
     "Recipe",
     "get",
     "names",
+    "study_names",
     "load",
     "dump",
     "resolve",
 ]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+logger = logging.getLogger(__name__)
+_NOTED: set[tuple[str, str, str]] = set()
+"""The overrides left out with a note so far (recipe, model, pattern): each is noted once per process."""
 
 
 class GemmModel(StrEnum):
@@ -364,9 +372,11 @@ class Recipe:
         """This recipe resolved against one model: every layer key as absolute indices of that model.
 
         A selector becomes the indices it selects; indices are checked against the model's depth. An override whose
-        module pattern matches none of the model's linears (the Nemotron-H ``*.mixer.down_proj`` in a dense model)
-        could change no operand there and is left out. The resolved recipe is what conversion, the native TE path
-        and the run identity use; resolving it again changes nothing.
+        module pattern matches none of the model's linears but a linear of another model the project ships (the
+        Nemotron-H ``*.mixer.down_proj`` in a dense model) could change no operand there and is left out, with a
+        logged note (once per recipe, model and pattern); one that matches no shipped model's linear (a typo such
+        as ``*.mlp.down_projj``) is refused. The resolved recipe is what conversion, the native TE path and the run
+        identity use; resolving it again changes nothing.
 
         Args:
             layers: the model's layer kinds and linear names (``ue5m3.training.config.model_layers`` builds it).
@@ -382,12 +392,30 @@ class Recipe:
             overrides = []
             for i, override in enumerate(self.target_overrides):
                 if not any(fnmatchcase(name, override.module) for name in layers.linears):
+                    self._leave_out(i, override.module, layers)
                     continue
                 at = layer_selection.resolve(override.layers, layers, f"target_overrides[{i}].layers")
                 overrides.append(replace(override, layers=at))
             return replace(self, bf16_layers=bf16, target_overrides=tuple(overrides))
         except ValueError as exc:
             raise ValueError(f"{exc} (recipe {self.name!r} for model {layers.model!r})") from None
+
+    def _leave_out(self, i: int, pattern: str, layers: ModelLayers) -> None:
+        """Note an override written for another shipped model (left out), or refuse one written for none."""
+        elsewhere = layers.shipped_models_matching(pattern)
+        if not elsewhere:
+            known = ", ".join(sorted(layers.shipped_linears)) or "none given"
+            raise ValueError(
+                f"target_overrides[{i}].module: pattern {pattern!r} matches no linear of model {layers.model!r} nor "
+                f"of any other model the project ships ({known}); e.g. {list(layers.linears[:3])}"
+            )
+        key = (self.name, layers.model, pattern)
+        if key not in _NOTED:
+            _NOTED.add(key)
+            logger.info(
+                f"recipe {self.name!r}: target_overrides[{i}] ({pattern!r}) matches no linear of model "
+                f"{layers.model!r}, only of {elsewhere}; left out for {layers.model!r}"
+            )
 
     def is_bf16_layer(self, layer: int | None) -> bool:
         """Whether the linears of ``layer`` stay in BF16 (None: a module outside the numbered layers).
@@ -494,19 +522,33 @@ def dump(recipe: Recipe, path: str | os.PathLike[str]) -> Path:
     return path
 
 
+_STUDY = "study"
+"""The folder of ``recipe_files`` holding the study recipes (the block-scale format study's arms)."""
+
+
 def _recipe_dir() -> Any:
     return resources.files("ue5m3.layers").joinpath("recipe_files")
 
 
+def _names_in(folder: Any) -> list[str]:
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
 def names() -> list[str]:
-    """Names of the packaged recipes, sorted."""
-    return sorted(p.name[: -len(".yaml")] for p in _recipe_dir().iterdir() if p.name.endswith(".yaml"))
+    """Names of the packaged recipes (the paper's configurations and the extra baselines), sorted."""
+    return _names_in(_recipe_dir())
+
+
+def study_names() -> list[str]:
+    """Names of the study recipes (``recipe_files/study``: the arms of the block-scale format study, each one
+    factor away from the study's reference arm), sorted; :func:`get` reads them as it reads the packaged ones."""
+    return _names_in(_recipe_dir().joinpath(_STUDY))
 
 
 @cache
-def _get(name: str) -> Recipe:
-    resource = _recipe_dir().joinpath(f"{name}.yaml")
-    source = f"ue5m3/layers/recipe_files/{name}.yaml"
+def _get(name: str, folder: str) -> Recipe:
+    resource = _recipe_dir().joinpath(folder, f"{name}.yaml") if folder else _recipe_dir().joinpath(f"{name}.yaml")
+    source = "/".join(("ue5m3/layers/recipe_files", *([folder] if folder else []), f"{name}.yaml"))
     recipe = Recipe.from_dict(config.read_yaml(resource), source=source)
     if recipe.name != name:
         raise ValueError(f"{source}: name: the file's recipe is named {recipe.name!r}, expected {name!r}")
@@ -514,7 +556,7 @@ def _get(name: str) -> Recipe:
 
 
 def get(name: str) -> Recipe:
-    """Return the packaged recipe ``name``.
+    """Return the packaged or study recipe ``name``.
 
     Raises:
         TypeError: ``name`` is not a str.
@@ -522,10 +564,11 @@ def get(name: str) -> Recipe:
     """
     if not isinstance(name, str):
         raise TypeError(f"recipe name must be a str, got {type(name).__name__} {name!r}")
-    known = names()
-    if name not in known:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {known}")
-    return _get(name)
+    if name in names():
+        return _get(name, "")
+    if name in study_names():
+        return _get(name, _STUDY)
+    raise ValueError(f"unknown recipe {name!r}; known recipes: {names()}; study recipes: {study_names()}")
 
 
 def resolve(spec: str, overrides: Mapping[str, Any] | None = None) -> Recipe:

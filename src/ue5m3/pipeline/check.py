@@ -12,9 +12,13 @@ Python:
 * every job the DAG will start, built exactly as the rules build it (:mod:`ue5m3.pipeline.jobs`), through its
   verb's loader: each training and parity run's :class:`~ue5m3.training.config.TrainConfig` (models, overrides,
   recipes, optimizer, seeds), each throughput run's config;
+* the ranges of the settings a section restates for its jobs (a training section's ``steps`` is its runs'
+  ``steps``, :data:`RESTATED`), each under the section's key, before any job is built from them;
 * cross-references: each trained recipe has an inference policy, the sensitivity, snapshot and downstream recipes
   are known, evaluated steps are checkpoints the runs keep, the control's overridden layers exist, the witness
-  names a run and a module of its model, and every job that needs a GPU names its partition.
+  names a run and a module of its model and asks for no more validation windows than the data hold, the summaries'
+  windows fit the runs' logs, the downstream task names exist, each parity backend fits its run's recipe, and every
+  job that needs a GPU names its partition.
 
 Every problem is reported at once, each with its key path, in one :class:`ue5m3.config.ConfigError` naming the
 files.
@@ -32,7 +36,7 @@ from ue5m3 import config
 from ue5m3.pipeline import jobs
 from ue5m3.pipeline.sections import PipelineConfig
 
-__all__ = ["load", "check_files"]
+__all__ = ["load", "check_files", "restated"]
 
 
 def check_files(paths: Iterable[str | os.PathLike[str]]) -> None:
@@ -79,9 +83,53 @@ def load(data: Mapping[str, Any], *, source: str = "<pipeline config>") -> Pipel
     problems.raise_if_any()
     cfg = problems.attempt("", lambda: PipelineConfig(**sections))
     problems.raise_if_any()
+    _check_restated_ranges(cfg, problems)
+    problems.raise_if_any()  # a run of 2^64 steps is refused before anything counts its checkpoints
     _check_jobs(cfg, problems)
     problems.raise_if_any()
     return cfg
+
+
+def restated() -> dict[type, dict[str, tuple[type, str]]]:
+    """The settings a section restates for its jobs: section class -> {field: (job dataclass, job field)}. Such a
+    field's default and range live in the job's dataclass; the section holds the value (its range is checked here,
+    under the section's key)."""
+    from ue5m3.data import DataConfig
+    from ue5m3.experiments.throughput import ThroughputConfig
+    from ue5m3.pipeline import sections
+    from ue5m3.training.config import TrainConfig
+
+    runs = {key: (TrainConfig, key) for key in sections.RUN_KEYS if key != "optim"}
+    shared = [
+        f.name for f in dataclasses.fields(sections.ThroughputSection) if f.name in config.ranges(ThroughputConfig)
+    ]
+    return {
+        sections.TrainingSection: {**runs, "seeds": (TrainConfig, "seed")},
+        sections.ControlSection: {**runs, "seeds": (TrainConfig, "seed")},
+        sections.EvaluationSection: {"steps": (TrainConfig, "steps")},
+        sections.WitnessEntry: {"seed": (TrainConfig, "seed")},
+        sections.ParityEntry: {"sequence_length": (DataConfig, "sequence_length")},
+        sections.ThroughputSection: {name: (ThroughputConfig, name) for name in shared},
+    }
+
+
+def _sections_with_paths(value: Any, path: str) -> Iterable[tuple[str, Any]]:
+    """(key path, dataclass instance) of every section inside ``value``, ``value`` itself included."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        yield path, value
+        for f in dataclasses.fields(value):
+            yield from _sections_with_paths(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _sections_with_paths(item, f"{path}.{key}")
+
+
+def _check_restated_ranges(cfg: PipelineConfig, problems: _Problems) -> None:
+    table = restated()
+    for path, section in _sections_with_paths(cfg, ""):
+        for name, (job, key) in table.get(type(section), {}).items():
+            label = f"{path}.{name}" if path else name
+            problems.items.extend(config.outside(config.ranges(job)[key], getattr(section, name), label))
 
 
 def _load_sections(data: Mapping[str, Any], source: str, problems: _Problems) -> dict[str, Any]:
@@ -115,7 +163,10 @@ def _check_jobs(cfg: PipelineConfig, problems: _Problems) -> None:
     _check_runs(cfg, problems)
     _check_control_override(cfg, problems)
     _check_evaluation(cfg, problems)
+    _check_windows(cfg, problems)
+    _check_downstream_tasks(cfg, problems)
     _check_identification(cfg, problems)
+    _check_parity_backends(cfg, problems)
     _check_throughput(cfg, problems)
 
 
@@ -271,3 +322,62 @@ def _check_throughput(cfg: PipelineConfig, problems: _Problems) -> None:
             problems.add(
                 f"throughput.runs.{name}.partition", f"device {run.device!r}: name the SLURM partition of its GPUs"
             )
+
+
+def _logged_points(steps: int, log_every: int) -> int:
+    """The metrics records of a run (every ``log_every`` steps and the last step)."""
+    return steps // log_every + (1 if steps % log_every else 0)
+
+
+def _check_windows(cfg: PipelineConfig, problems: _Problems) -> None:
+    """The windows the stages average over fit what the runs and the data hold."""
+    summary = cfg.training.summary
+    for group, section in (("training", cfg.training), ("control", cfg.control)):
+        points = _logged_points(section.steps, section.log_every)
+        if summary.final_window > points:
+            problems.add(
+                "training.summary.final_window",
+                f"{summary.final_window} logged points, but the {group} runs log {points} ({group}.steps "
+                f"{section.steps}, log_every {section.log_every}); the final window would be the whole run",
+            )
+        if summary.smoothing_steps > section.steps:
+            problems.add(
+                "training.summary.smoothing_steps",
+                f"{summary.smoothing_steps} steps, longer than the {group} runs ({section.steps} steps)",
+            )
+    witness = cfg.identification.witness
+    if witness is not None and witness.sequences > cfg.data.validation_windows:
+        problems.add(
+            "identification.witness.sequences",
+            f"{witness.sequences} validation windows, but data.validation_windows is {cfg.data.validation_windows}",
+        )
+
+
+def _check_downstream_tasks(cfg: PipelineConfig, problems: _Problems) -> None:
+    """Every downstream task name is a Core 9 task, ``mmlu``, an MMLU subject or a hub task."""
+    from ue5m3.evaluation.olmes.run import check_task_names
+
+    for i, task in enumerate(cfg.evaluation.downstream.tasks):
+        problems.attempt(f"evaluation.downstream.tasks[{i}]", lambda task=task: check_task_names([task]))
+
+
+def _check_parity_backends(cfg: PipelineConfig, problems: _Problems) -> None:
+    """Each parity backend runs its entry's recipe: a native_te backend a recipe with a native path, an emulated
+    GEMM model one the recipe's settings fit (what the job would find only once it ran)."""
+    from ue5m3.identify.parity import Backend
+    from ue5m3.layers.native_te import Execution
+    from ue5m3.training.config import TrainConfig
+
+    for name, entry in cfg.identification.parity.items():
+        try:
+            run = TrainConfig.from_dict(jobs.parity_settings(cfg, name), source="its run")
+        except (config.ConfigError, ValueError, TypeError):
+            continue  # reported by the identification check
+        for key in ("backend_a", "backend_b"):
+            backend = Backend.parse(getattr(entry, key))
+            path = f"identification.parity.{name}.{key}"
+            if backend.execution is Execution.NATIVE_TE:
+                if not run.resolved_recipe().native_te:
+                    problems.add(path, f"'native_te' needs a recipe with a native path; {entry.recipe!r} has none")
+                continue
+            problems.attempt(path, lambda backend=backend, run=run: backend.recipe(run))

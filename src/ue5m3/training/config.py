@@ -17,9 +17,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ue5m3 import config
+from ue5m3.config import Range
 from ue5m3.data import DataConfig
 from ue5m3.layers import recipes
 from ue5m3.layers.native_te import Execution
@@ -56,8 +57,20 @@ class OptimConfig:
     decay_fraction: float = 0.15
     final_lr_fraction: float = 0.01
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "lr": Range(0, 1, low_open=True, note="peak AdamW learning rate; the paper: 8e-4, runs use 1e-5 to 1e-2"),
+        "betas": Range(0, 1, high_open=True, note="AdamW betas; the paper: 0.9, 0.95"),
+        "eps": Range(0, 1e-3, low_open=True, note="AdamW epsilon; runs use 1e-8 to 1e-6, a larger one stalls AdamW"),
+        "weight_decay": Range(0, 1, note="decoupled weight decay per unit learning rate; the paper: 0.1"),
+        "grad_clip": Range(0, math.inf, low_open=True, note="global gradient-norm clip, inf: none; the paper: 1.0"),
+        "warmup_steps": Range(0, 10**7, note="linear warmup steps; the paper: 0"),
+        "decay_fraction": Range(0, 1, note="final fraction of the steps with linear decay; the paper: 0.15"),
+        "final_lr_fraction": Range(0, 1, low_open=True, note="the last step's learning rate over the peak"),
+    }
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
+        config.check_ranges(self)
         if not 0 < self.lr < math.inf:
             raise ValueError(f"lr: must be positive, got {self.lr!r}")
         for i, beta in enumerate(self.betas):
@@ -79,12 +92,21 @@ class OptimConfig:
 
 
 @functools.cache
+def _shipped_linears(model: str) -> tuple[str, ...]:
+    """The eligible linears of a shipped model as shipped (a meta-device build, cached)."""
+    from ue5m3 import models
+
+    return tuple(models.eligible_linears(models.build(model, device="meta")))
+
+
+@functools.cache
 def _model_layers(model: str, overrides_json: str) -> ModelLayers:
     from ue5m3 import models
 
     cfg = models.config(model, **json.loads(overrides_json))
     linears = models.eligible_linears(models.build_from_config(cfg, device="meta"))
-    return ModelLayers(model=model, kinds=models.layer_kinds(cfg), linears=tuple(linears))
+    shipped = {name: _shipped_linears(name) for name in models.names() if name != model}
+    return ModelLayers(model=model, kinds=models.layer_kinds(cfg), linears=tuple(linears), shipped_linears=shipped)
 
 
 def model_layers(model: str, overrides: Mapping[str, Any] | None = None) -> ModelLayers:
@@ -220,9 +242,27 @@ class TrainConfig:
     backend: Backend = Backend.AUTO
     restart_on_change: bool = False
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "seed": Range(0, 2**63 - 1, note="seed of initialisation, data order and stochastic rounding"),
+        "steps": Range(1, 10**7, note="optimizer steps of the run; the paper's: 30,000"),
+        "micro_batch": Range(1, 2**16, note="sequences per microbatch and rank; the paper: 1"),
+        "accumulation": Range(0, 2**16, note="microbatches per optimizer step, 0: from global_batch; the paper: 24"),
+        "global_batch": Range(0, 2**24, note="sequences per optimizer step over all ranks, 0: off; the paper: 768"),
+        "log_every": Range(1, 10**7, note="steps between metric records"),
+        "checkpoint_every": Range(1, 10**7, note="steps between checkpoints"),
+        "checkpoint_every_minutes": Range(0, 7 * 24 * 60, note="minutes between wall-time checkpoints, 0: off"),
+        "keep_checkpoints": Range(1, 10**4, note="rolling checkpoints kept"),
+        "keep_every": Range(0, 10**7, note="steps between checkpoints never pruned, 0: none"),
+        "ssd_groups_per_pass": Range(0, 2**10, note="B/C groups per pass of the Mamba-2 scan, 0: all at once"),
+        "loss_chunk": Range(0, 2**24, note="positions per chunk of the FP32 head, 0: the whole microbatch"),
+        "fsdp_prefetch": Range(0, 2**10, note="blocks FSDP2 prefetches explicitly, 0: implicit prefetching"),
+    }
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "execution", Execution(self.execution))
         object.__setattr__(self, "checkpoint_kinds", tuple(self.checkpoint_kinds))
+        self._check_run_dir()
+        config.check_ranges(self)
         self._check_memory_and_parallelism()
         object.__setattr__(self, "backend", Backend(self.backend))
         for key in ("steps", "micro_batch", "log_every", "checkpoint_every"):
@@ -252,6 +292,17 @@ class TrainConfig:
         if self.optim.warmup_steps > self.steps:
             raise ValueError(f"optim.warmup_steps: {self.optim.warmup_steps} exceeds steps ({self.steps})")
         self._check_references()
+
+    def _check_run_dir(self) -> None:
+        """``run_dir`` names a directory: not empty (which would be the current directory), not a file."""
+        run_dir = self.run_dir
+        if not isinstance(run_dir, str) or not run_dir.strip() or "\0" in run_dir:
+            raise ValueError(
+                f"run_dir: must be the path of the run's directory (e.g. results/train/<run>), got {run_dir!r}; an "
+                "empty one would train into the current directory"
+            )
+        if Path(run_dir).exists() and not Path(run_dir).is_dir():
+            raise ValueError(f"run_dir: {run_dir!r} is a file, not a directory; give the run a directory of its own")
 
     def _check_memory_and_parallelism(self) -> None:
         """The data-parallel, checkpointing, precision and FSDP2 settings name known choices and fit together."""

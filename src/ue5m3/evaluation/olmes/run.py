@@ -18,9 +18,10 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ue5m3 import config
+from ue5m3.config import Range
 from ue5m3.evaluation.olmes.aggregate import aggregate
 from ue5m3.evaluation.olmes.hub import HUB_MANIFEST, HUB_TASKS, check_hub_access, run_hub_suite
 from ue5m3.evaluation.olmes.tasks import (
@@ -60,6 +61,14 @@ class DownstreamConfig:
     batch_size: int = 8
     max_length: int | None = None
     force_bf16: bool = False
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "examples": Range(1, 10**7, note="examples per task, null: all"),
+        "seed": Range(0, 2**63 - 1, note="a seed"),
+        "limit": Range(1, 10**7, note="lm-eval's per-task limit, null: none"),
+        "batch_size": Range(1, 2**16, note="requests per forward; the paper: 8"),
+        "max_length": Range(1, 2**20, note="tokens per row, null: the run's sequence length"),
+    }
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -144,6 +153,21 @@ def _task_sets(tasks: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
                 f"a hub task {tuple(HUB_TASKS)}"
             )
     return list(dict.fromkeys(core)), list(dict.fromkeys(subjects)), list(dict.fromkeys(hub))
+
+
+def check_task_names(tasks: Iterable[str]) -> None:
+    """Refuse a downstream task name that is no Core 9 task, ``mmlu``, ``mmlu_<subject>`` or hub task. The MMLU
+    subjects are checked against the OLMES task data when those are here (before ``ue5m3 fetch-olmes-data``, only
+    the form ``mmlu_<subject>`` is; the job checks the subject).
+
+    Raises:
+        ValueError: naming the task and the accepted names.
+    """
+    tasks = list(tasks)
+    try:
+        _task_sets(tasks)
+    except ImportError:  # no task data yet: every name but the MMLU subjects
+        _task_sets([t for t in tasks if t != "mmlu" and not t.startswith("mmlu_")])
 
 
 def build_tasks(
