@@ -93,7 +93,8 @@ def storage_error(err: OSError, path: str | os.PathLike[str], doing: str, then: 
     where = err.filename if err.filename else os.fspath(path)
     name = errno.errorcode.get(err.errno, str(err.errno))
     tail = f"; {then}" if then else ""
-    message = f"{doing} {os.fspath(path)} failed at {where}: {os.strerror(err.errno)} ({name}); {_ADVICE[err.errno]}"
+    at = "" if where == os.fspath(path) else f" at {where}"
+    message = f"{doing} {os.fspath(path)} failed{at}: {os.strerror(err.errno)} ({name}); {_ADVICE[err.errno]}"
     return StorageError(err.errno, message + tail, str(where))
 
 

@@ -67,6 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, MissingExtra) as err:
         logger.error(f"ue5m3 {args.verb}: error: {err}")
         return 2
+    except OSError as err:  # the file system refused a write: name the path and the fix, no traceback
+        from ue5m3.artifacts import StorageError, storage_error
+
+        storage = err if isinstance(err, StorageError) else storage_error(err, err.filename or "a file", "writing")
+        if storage is None:
+            raise
+        logger.error(f"ue5m3 {args.verb}: error: {storage}")
+        return 74  # EX_IOERR
     except RuntimeError as err:  # hardware that is not here: fail closed with the reason, no traceback
         if type(err).__name__ not in ("OracleUnavailable", "NativeUnavailable"):
             raise

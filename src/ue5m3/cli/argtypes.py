@@ -11,6 +11,7 @@ T = TypeVar("T")
 
 __all__ = [
     "non_negative_int",
+    "thread_count",
     "add_config_option",
     "load_stage_config",
     "POLICIES",
@@ -29,6 +30,17 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def thread_count(text: str) -> int:
+    """A CPU thread count: an int in [1, 1024] (more than the machine's cores is allowed, none is not)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a thread count, an integer in [1, 1024], got {text!r}") from None
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"expected a thread count, an integer in [1, 1024], got {text!r}")
     return value
 
 

@@ -154,7 +154,9 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "several processes the model is sharded with FSDP2.",
     )
     p.add_argument("--config", required=True, help="the run's config YAML (see 'ue5m3 train-config')")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--threads", type=argtypes.thread_count, default=None, help="torch CPU threads, 1 to 1024 (default: torch's)"
+    )
     p.add_argument(
         "--restart-on-change",
         action="store_true",

@@ -25,7 +25,7 @@ Every file is written atomically (temporary file, then ``os.replace``) and no st
 ``hf://`` URI is configured.
 """
 
-from ue5m3.data.build import DataPaths, OpenedData, build_data, data_paths, open_data, open_tokenizer
+from ue5m3.data.build import DataPaths, OpenedData, build_data, check_prepared, data_paths, open_data, open_tokenizer
 from ue5m3.data.config import STREAM_NAMES, Corpus, DataConfig, MixUnit
 from ue5m3.data.corpus import SPLITS, ngram_overlap, prepare_corpus, read_split, split_of, verify_manifest
 from ue5m3.data.loader import DataExhausted, EvalSet, PackedStream, build_eval_set, check_disjoint, mix_schedule
@@ -46,6 +46,7 @@ from ue5m3.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer, load_tok
 
 __all__ = [
     "RandomTokenStream",
+    "check_prepared",
     "BOS_ID",
     "EOS_ID",
     "PAD_ID",

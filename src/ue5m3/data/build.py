@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ue5m3.data.config import DataConfig
-from ue5m3.data.corpus import SPLITS, verify_manifest
+from ue5m3.data.corpus import SPLITS, sha256_file, verify_manifest
 from ue5m3.data.loader import EvalSet, PackedStream, build_eval_set, check_disjoint
 from ue5m3.data.parts import merge_parts, part_manifest_path, prepare_part
-from ue5m3.data.shards import TokenShards
+from ue5m3.data.shards import INDEX, TokenShards
 from ue5m3.data.tokenizer import TextTokenizer, load_tokenizer
 
-__all__ = ["DataPaths", "OpenedData", "data_paths", "build_data", "open_data", "open_tokenizer"]
+__all__ = ["DataPaths", "OpenedData", "data_paths", "build_data", "check_prepared", "open_data", "open_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,44 @@ class OpenedData:
     calibration: EvalSet
 
 
+def check_prepared(config: DataConfig) -> None:
+    """The prepared data are this config's: every shard index records ``data.vocab_size`` and the SHA-256 of the
+    tokenizer file the config names (``data.tokenizer_path``, else ``<data_dir>/tokenizer.json``). Cheap (the
+    indexes and one hash of the tokenizer): a run checks it before anything else reads its data.
+
+    Raises:
+        FileNotFoundError: a shard index, or the tokenizer file, is gone (naming it).
+        ValueError: an index records another vocabulary, or the tokenizer file is not the one the shards were
+            tokenized with (edited or replaced), naming the file, the setting and the fix.
+    """
+    paths = data_paths(config)
+    redo = "or prepare the data again for this config (`ue5m3 prepare-data`, then `ue5m3 merge-data`)"
+    recorded: dict[str, Path] = {}
+    for stream in config.stream_names:
+        for split in SPLITS:
+            shards = TokenShards(paths.shards(stream, split))
+            index_path = shards.root / INDEX
+            if shards.index["vocab_size"] != config.vocab_size:
+                raise ValueError(
+                    f"{index_path}: the token shards were prepared with vocab_size {shards.index['vocab_size']}, "
+                    f"but data.vocab_size is {config.vocab_size}; set data.vocab_size (and the model's vocabulary) "
+                    f"to {shards.index['vocab_size']}, {redo}"
+                )
+            recorded.setdefault(shards.index["tokenizer_sha256"], index_path)
+    if not paths.tokenizer.is_file():
+        raise FileNotFoundError(
+            f"{paths.tokenizer}: the tokenizer the token shards were prepared with is gone; restore it, {redo}"
+        )
+    current = sha256_file(paths.tokenizer)
+    for sha, index_path in recorded.items():
+        if sha != current:
+            raise ValueError(
+                f"{paths.tokenizer} is not the tokenizer the token shards were prepared with (its SHA-256 is "
+                f"{current[:16]}..., {index_path} records {sha[:16]}...): it was edited or replaced; restore it, "
+                f"{redo}"
+            )
+
+
 def open_data(config: DataConfig, *, rank: int = 0, world_size: int = 1, verify: bool = True) -> OpenedData:
     """Open the token shards written by :func:`build_data`.
 
@@ -102,9 +140,11 @@ def open_data(config: DataConfig, *, rank: int = 0, world_size: int = 1, verify:
             reads every token once, so pass False for terabyte-scale shards that were verified after building).
 
     Raises:
-        ValueError: a document id in two splits of a stream, a modified file, or held-out splits too small.
+        ValueError: a document id in two splits of a stream, a modified file, held-out splits too small, or data
+            prepared with another vocabulary or tokenizer (:func:`check_prepared`).
     """
     paths = data_paths(config)
+    check_prepared(config)
     if verify:
         verify_manifest(paths.corpus)
     shards = {(s, split): TokenShards(paths.shards(s, split)) for s in config.stream_names for split in SPLITS}

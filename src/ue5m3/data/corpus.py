@@ -38,7 +38,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ue5m3.artifacts import write_json
+from ue5m3.artifacts import read_json, write_json
 from ue5m3.data.config import Corpus, DataConfig
 from ue5m3.data.sources import EVAL_OVERLAP, SOURCES, Document, Unit, list_units, unit_documents
 from ue5m3.logs import Progress
@@ -349,8 +349,12 @@ def verify_manifest(corpus_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} does not exist; run prepare_corpus first")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    for rel, entry in manifest["files"].items():
+    remedy = "prepare the data again (`ue5m3 prepare-data`, then `ue5m3 merge-data`; docs/data.md)"
+    manifest = read_json(path, remedy=remedy)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and "sha256" in e for e in files.values()):
+        raise ValueError(f"{path} is not a corpus manifest (no 'files' with their SHA-256); {remedy}")
+    for rel, entry in files.items():
         digest = sha256_file(root / rel)
         if digest != entry["sha256"]:
             raise ValueError(

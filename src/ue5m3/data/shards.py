@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ue5m3.artifacts import write_json
+from ue5m3.artifacts import TornFileError, write_json
 from ue5m3.data.corpus import sha256_file
 from ue5m3.data.sources import Document
 from ue5m3.data.tokenizer import TextTokenizer
@@ -274,6 +274,47 @@ def tokenize_to_shards(
     return out / INDEX
 
 
+_REBUILD = "prepare the data again (`ue5m3 prepare-data`, then `ue5m3 merge-data`; docs/data.md)"
+_INDEX_KEYS = ("dtype", "vocab_size", "bos_id", "eos_id", "tokenizer_sha256", "tokens", "shards")
+_SHARD_KEYS = ("name", "documents", "bin_sha256", "offsets_sha256", "ids_sha256")
+
+
+def _parse_index(path: Path, raw: bytes) -> dict[str, Any]:
+    """A shard directory's index: a complete JSON record with every key the reader needs, else an error naming the
+    file and the fix."""
+    try:
+        index = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TornFileError(
+            f"{path} is not a complete JSON record ({err}; a write interrupted by a kill or a full disk, or an edit); "
+            f"{_REBUILD}"
+        ) from None
+    missing = [k for k in _INDEX_KEYS if not isinstance(index, dict) or k not in index]
+    if not missing and (not isinstance(index["shards"], list) or index["dtype"] not in _DTYPES):
+        missing = ["shards", "dtype"]
+    for i, shard in enumerate(index["shards"] if not missing else []):
+        missing += [f"shards[{i}].{k}" for k in _SHARD_KEYS if not isinstance(shard, dict) or k not in shard]
+    if missing:
+        raise ValueError(f"{path} is not a token-shard index (missing or malformed: {missing}); {_REBUILD}")
+    return index
+
+
+def _open_offsets(path: Path, documents: int) -> np.ndarray:
+    """A shard's document offsets (memory-mapped), checked to be a whole array of ``documents + 1`` entries."""
+    try:
+        offsets = np.load(path, mmap_mode="r")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing (listed in its {INDEX}); {_REBUILD}") from None
+    except (ValueError, OSError, EOFError) as err:  # numpy: "mmap length is greater than file size"
+        raise ValueError(f"{path} is cut short or is not a .npy array ({err}); {_REBUILD}") from None
+    if offsets.shape != (documents + 1,):
+        raise ValueError(
+            f"{path} holds {offsets.shape} offsets, but its {INDEX} records {documents} documents (so "
+            f"{documents + 1} offsets); {_REBUILD}"
+        )
+    return offsets
+
+
 class TokenShards:
     """Read-only view of a shard directory: document ``i`` across all shards, as a slice of a memmap."""
 
@@ -283,7 +324,7 @@ class TokenShards:
         if not index_path.is_file():
             raise FileNotFoundError(f"{str(index_path)!r} does not exist; run tokenize_to_shards first")
         raw = index_path.read_bytes()
-        self.index: dict[str, Any] = json.loads(raw)
+        self.index: dict[str, Any] = _parse_index(index_path, raw)
         self.fingerprint = hashlib.sha256(raw).hexdigest()
         """SHA-256 of the index, which holds the SHA-256 of every shard: identifies the token data."""
         self.dtype = _DTYPES[self.index["dtype"]]
@@ -291,7 +332,7 @@ class TokenShards:
         self.eos_id: int = self.index["eos_id"]
         shards = self.index["shards"]
         self._first = np.cumsum([0] + [s["documents"] for s in shards])  # global index of each shard's first doc
-        self._offsets = [np.load(self.root / f"{s['name']}.offsets.npy", mmap_mode="r") for s in shards]
+        self._offsets = [_open_offsets(self.root / f"{s['name']}.offsets.npy", s["documents"]) for s in shards]
         self._tokens: list[np.ndarray | None] = [None] * len(shards)
         self._ids: list[str] | None = None
 

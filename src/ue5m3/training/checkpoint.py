@@ -128,7 +128,7 @@ def _torch_save(obj: Any, path: Path) -> None:
         cause = _os_error_in(err)
         if cause is None:
             raise
-        raise cause from err
+        raise OSError(cause.errno, cause.strerror, cause.filename or str(path)) from err
 
 
 def _os_error_in(err: BaseException) -> OSError | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ue5m3 import config
+from ue5m3.artifacts import read_json
 from ue5m3.config import Range
 from ue5m3.data import DataConfig
 from ue5m3.layers import recipes
@@ -476,8 +477,10 @@ def read_run_config(run_dir: str | os.PathLike[str]) -> TrainConfig:
 
     Raises:
         FileNotFoundError: the directory holds no resolved config (not a training run, or never started).
+        TornFileError: the record does not parse (a write cut short), naming it and how to write it again.
     """
     path = Path(run_dir) / RESOLVED_CONFIG
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a training run directory")
-    return TrainConfig.from_dict(json.loads(path.read_text()), source=str(path))
+    remedy = "the trainer writes it when a run starts: rerun `ue5m3 train` on the run's config (it resumes)"
+    return TrainConfig.from_dict(read_json(path, remedy=remedy), source=str(path))

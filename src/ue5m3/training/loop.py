@@ -265,6 +265,10 @@ def train(
     rank, world_size = world()
     run_dir = Path(cfg.run_dir)
     recipe = cfg.resolved_recipe()  # absolute layer indices of this model, for the build and the identity
+    if stream is None and cfg.data is not None:  # the prepared data are the config's, before the identity hashes them
+        from ue5m3.data import check_prepared
+
+        check_prepared(cfg.data)
     identity = run_identity(cfg, recipe, world_size)
     with contextlib.ExitStack() as stack:
         if cfg.mixed_precision:  # FSDP2's mixed precision on any world size: one process gets a group of one
@@ -447,7 +451,9 @@ def _finish(run: _Run, step: int) -> Path:
 def main(config_path: str, threads: int | None = None, *, restart_on_change: bool = False) -> int:
     """Entry point of ``ue5m3 train``: initialises torch.distributed under torchrun (gloo on CPU)."""
     cfg = TrainConfig.from_yaml(config_path)
-    if threads:
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads: must be a positive int (torch CPU threads), got {threads!r}")
         torch.set_num_threads(threads)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
