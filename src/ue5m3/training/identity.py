@@ -161,9 +161,16 @@ def check_identity(path: Path, manifest: Mapping[str, Any], identity: Mapping[st
         )
 
 
-def check_run_dir(run_dir: Path, identity: Mapping[str, Any], *, restart_on_change: bool) -> bool:
-    """Rank 0, holding the run lock: if the newest valid checkpoint is another run's, refuse (naming what differs)
-    or, with ``restart_on_change``, move the whole directory aside.
+def check_run_dir(
+    run_dir: Path,
+    found: tuple[Path, Mapping[str, Any]] | None,
+    identity: Mapping[str, Any],
+    *,
+    restart_on_change: bool,
+) -> bool:
+    """Rank 0, holding the run lock: if ``found``, the newest valid checkpoint with its verified manifest
+    (:func:`~ue5m3.training.checkpoint.newest_valid`), is another run's, refuse (naming what differs) or, with
+    ``restart_on_change``, move the whole directory aside.
 
     Returns:
         True when the directory was moved aside (the caller then locks the new, empty directory).
@@ -171,7 +178,6 @@ def check_run_dir(run_dir: Path, identity: Mapping[str, Any], *, restart_on_chan
     Raises:
         RunIdentityError: another run's checkpoint, without ``restart_on_change``.
     """
-    found = checkpoint.newest_valid(run_dir / "checkpoints")
     if found is None:
         return False
     try:

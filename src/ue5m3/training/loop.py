@@ -58,7 +58,7 @@ from ue5m3.numerics.philox import SRState
 from ue5m3.training import checkpoint, parallelize
 from ue5m3.training.build import build_model, build_optimizer
 from ue5m3.training.config import RESOLVED_CONFIG, OptimConfig, TrainConfig
-from ue5m3.training.identity import check_run_dir, run_identity
+from ue5m3.training.identity import RunIdentityError, check_run_dir, run_identity
 from ue5m3.training.loss import lm_loss
 from ue5m3.training.metrics import append_jsonl, truncate_metrics
 from ue5m3.training.ranks import log0, logger, one_process_group, world
@@ -277,13 +277,44 @@ def train(
             stack.enter_context(checkpoint.RunLock(run_dir))
             for path in checkpoint.remove_temporaries(run_dir / "checkpoints"):
                 log0(f"removed {path} (a checkpoint save that was interrupted)")
-            restart = restart_on_change or cfg.restart_on_change  # the run config's choice, or the caller's
-            if check_run_dir(run_dir, identity, restart_on_change=restart):
-                stack.enter_context(checkpoint.RunLock(run_dir))  # the old lock moved aside with the old run
         if world_size > 1:
-            dist.barrier()
+            dist.barrier()  # the killed saves are gone before any rank looks at the checkpoints
+        # verified once for the whole resume: each rank hashes its share of the files (one process: all of them)
+        found = checkpoint.newest_valid(run_dir / "checkpoints", together=True)
+        restart = restart_on_change or cfg.restart_on_change  # the run config's choice, or the caller's
+        found = _this_runs(run_dir, found, identity, restart, stack)
         stops = stack.enter_context(StopRequests())
-        return _train_locked(cfg, recipe, identity, stream, stop_after, stops)
+        return _train_locked(cfg, recipe, identity, stream, stop_after, stops, found)
+
+
+def _this_runs(
+    run_dir: Path,
+    found: tuple[Path, dict[str, Any]] | None,
+    identity: Mapping[str, Any],
+    restart: bool,
+    stack: contextlib.ExitStack,
+) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint the run resumes from: rank 0, holding the lock, refuses another run's ``found`` or (``restart``)
+    moves the directory aside and locks the new one (:func:`check_run_dir`); every rank learns which, so all raise
+    the same :class:`RunIdentityError` or all start afresh (None)."""
+    rank, world_size = world()
+    outcome: tuple[str, str] | None = None
+    if rank == 0:
+        try:
+            if check_run_dir(run_dir, found, identity, restart_on_change=restart):
+                stack.enter_context(checkpoint.RunLock(run_dir))  # the old lock moved aside with the old run
+                outcome = ("moved", "")
+        except RunIdentityError as err:
+            if world_size == 1:
+                raise
+            outcome = ("refused", str(err))
+    if world_size > 1:
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0)
+        outcome = box[0]
+    if outcome is not None and outcome[0] == "refused":
+        raise RunIdentityError(outcome[1])
+    return None if outcome is not None else found
 
 
 def _train_locked(
@@ -293,11 +324,12 @@ def _train_locked(
     stream: BatchStream | None,
     stop_after: int | None,
     stops: StopRequests,
+    found: tuple[Path, dict[str, Any]] | None,
 ) -> Path | None:
-    """The run, its directory locked: start (or resume), then step by step to the last step, a stop request or
-    ``stop_after``; each step's record logged, checkpointed on schedule (steps and wall time)."""
+    """The run, its directory locked: start (or resume from ``found``), then step by step to the last step, a stop
+    request or ``stop_after``; each step's record logged, checkpointed on schedule (steps and wall time)."""
     rank = world()[0]
-    run = _start(cfg, recipe, identity, stream)
+    run = _start(cfg, recipe, identity, stream, found)
     stats = find_quant_stats(run.model)
     progress = _progress(run)
     rolling = WallClockCheckpoints(cfg.checkpoint_every_minutes)
@@ -318,10 +350,16 @@ def _train_locked(
     return _finish(run, last) if rank == 0 else None
 
 
-def _start(cfg: TrainConfig, recipe: recipes.Recipe, identity: Mapping[str, Any], stream: BatchStream | None) -> _Run:
-    """Seed, build the model (:func:`build_model`) and the optimizer, open the stream, resume from this run's newest
-    checkpoint and write the run's records (rank 0): the resolved config, the conversion records, the metrics
-    file cut back to the resumed step."""
+def _start(
+    cfg: TrainConfig,
+    recipe: recipes.Recipe,
+    identity: Mapping[str, Any],
+    stream: BatchStream | None,
+    found: tuple[Path, dict[str, Any]] | None,
+) -> _Run:
+    """Seed, build the model (:func:`build_model`) and the optimizer, open the stream, resume from ``found`` (this
+    run's newest checkpoint, verified) and write the run's records (rank 0): the resolved config, the conversion
+    records, the metrics file cut back to the resumed step."""
     rank, world_size = world()
     torch.manual_seed(cfg.seed + rank)  # any torch randomness per rank; SR bits and init weights come from cfg.seed
     random.seed(cfg.seed + rank)
@@ -331,7 +369,7 @@ def _start(cfg: TrainConfig, recipe: recipes.Recipe, identity: Mapping[str, Any]
     optimizer = build_optimizer(model, cfg.optim)
     if stream is None:
         stream = open_training_stream(cfg, rank, world_size)
-    start, counters = resume(Path(cfg.run_dir), model, optimizer, stream, cfg, identity)
+    start, counters = resume(found, model, optimizer, stream, cfg, identity)
     tokens_per_step = cfg.micro_batch * cfg.accumulation_for(world_size) * world_size * int(stream.sequence_length)
     run = _Run(
         cfg=cfg,

@@ -15,6 +15,10 @@ world size and the run identity with its fingerprint, :mod:`~ue5m3.training.iden
 
 Each failure names the folder or file and what is wrong; a file this process may not read is a
 :class:`CheckpointUnreadable` (the checkpoint may be fine: fix the permission), which a resume does not pass over.
+
+Many ranks verify one checkpoint together (:func:`verification_share`): each checks the manifest, the name, the
+fingerprint, the file set and every size, and hashes only its share of the files (the shards it wrote, and its turn
+of the others), so that each file is read for its SHA-256 by one rank once.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "file_sha256",
     "checkpoint_format",
     "trainer_files",
+    "verification_share",
     "verify",
 ]
 
@@ -80,7 +85,27 @@ def trainer_files(manifest: Mapping[str, Any]) -> tuple[str, ...]:
     return ("trainer.pt", *(f"{part}/.metadata" for part in SHARDED_PARTS))
 
 
-def verify(directory: str | os.PathLike[str], *, complete: bool = False) -> dict[str, Any]:
+_SHARD = re.compile(r"[^/]+/__(\d+)_\d+\.distcp")
+"""A shard file of a sharded checkpoint and the rank that wrote it (torch.distributed.checkpoint's name)."""
+
+
+def verification_share(manifest: Mapping[str, Any], rank: int, world: int) -> tuple[str, ...]:
+    """The files of a checkpoint that rank ``rank`` of ``world`` hashes when the ranks verify it together, each file
+    by exactly one rank: the shards writer rank w wrote (``<part>/__w_<n>.distcp``) by rank w mod ``world`` (on the
+    writer's world size, the shards each rank reads back), every other file (``trainer.pt``, the parts'
+    ``.metadata``, a full checkpoint's files) by the ranks in turn, in sorted order. One rank: every file."""
+    shards, others = [], []
+    for name in sorted(manifest["files"]):
+        match = _SHARD.fullmatch(name)
+        (shards if match else others).append((int(match.group(1)) if match else None, name))
+    mine = [name for writer, name in shards if writer % world == rank]
+    mine += [name for i, (_, name) in enumerate(others) if i % world == rank]
+    return tuple(sorted(mine))
+
+
+def verify(
+    directory: str | os.PathLike[str], *, complete: bool = False, share: tuple[int, int] = (0, 1)
+) -> dict[str, Any]:
     """Check that a checkpoint is what its manifest says; returns the manifest.
 
     The manifest must be one (a mapping with the step, the format and a non-empty file set, each file with its
@@ -90,6 +115,10 @@ def verify(directory: str | os.PathLike[str], *, complete: bool = False) -> dict
     Args:
         complete: also require the trainer's files (:func:`trainer_files`) and a ``trainer.pt`` that records the
             manifest's step: what a resume or an evaluation of a training run reads.
+        share: (rank, world size) of ranks verifying the checkpoint together: everything is checked except the
+            SHA-256 of the files of other ranks' shares (:func:`verification_share`); the ranks then agree on the
+            outcome (:func:`ue5m3.training.checkpoint.newest_valid` with ``together``). Default: one process, every
+            file hashed.
 
     Raises:
         CheckpointError: naming the folder or the file and what is wrong with it.
@@ -115,12 +144,15 @@ def verify(directory: str | os.PathLike[str], *, complete: bool = False) -> dict
                 f"checkpoint {directory} is not a complete training checkpoint: its manifest lists no {absent}"
             )
     _check_file_set(directory, manifest["files"])
+    hashed = set(verification_share(manifest, *share))
     for name, entry in manifest["files"].items():
         path = directory / name
         if path.stat().st_size != entry["bytes"]:
             raise CheckpointError(
                 f"checkpoint file {path} is truncated ({path.stat().st_size} of {entry['bytes']} bytes)"
             )
+        if name not in hashed:
+            continue  # another rank's share
         try:
             digest = file_sha256(path)
         except PermissionError as err:

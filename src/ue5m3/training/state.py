@@ -166,23 +166,29 @@ def _fqn_optimizer_state(model, optimizer, saved: Mapping[str, Any]) -> dict:
 
 
 def resume(
-    run_dir: Path, model, optimizer, stream: BatchStream, cfg: TrainConfig, identity: Mapping[str, Any]
+    found: tuple[Path, Mapping[str, Any]] | None,
+    model,
+    optimizer,
+    stream: BatchStream,
+    cfg: TrainConfig,
+    identity: Mapping[str, Any],
 ) -> tuple[int, dict]:
-    """Restore the newest checkpoint that verifies and is this run's (older ones are tried when the newest does
-    not verify; another run's is refused, naming what differs), on this run's world size whatever the writer's.
+    """Restore ``found``, the run's newest checkpoint that verifies and its verified manifest
+    (:func:`~ue5m3.training.checkpoint.newest_valid`, which the ranks call together: the checkpoint is verified once
+    per resume, and read here without hashing it again), on this run's world size whatever the writer's; another
+    run's is refused, naming what differs.
 
     Returns:
         (the checkpoint's step, the stability counters): (0, fresh counters) when there is none.
 
     Raises:
-        RunIdentityError: the newest valid checkpoint is another run's.
+        RunIdentityError: the checkpoint is another run's.
     """
-    found = checkpoint.newest_valid(run_dir / "checkpoints")
     if found is None:
         return 0, dict(FRESH_COUNTERS)
     latest, manifest = found
     check_identity(latest, manifest, identity)
-    parts, manifest = checkpoint.load(latest)
+    parts, manifest = checkpoint.load(latest, manifest)
     _load_state(latest, manifest, parts, model, optimizer)
     rank, size = world()
     trainer = parts["trainer"]
