@@ -21,8 +21,6 @@ a whole run directory: refuse it, or (``ue5m3 train --restart-on-change``, the p
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -34,6 +32,7 @@ from ue5m3 import models
 from ue5m3.layers import recipes
 from ue5m3.training import checkpoint
 from ue5m3.training.config import TrainConfig
+from ue5m3.training.manifest import fingerprint
 
 __all__ = [
     "RunIdentityError",
@@ -115,11 +114,6 @@ def _trajectory_settings(cfg: TrainConfig) -> dict[str, Any]:
     if 0 < cfg.ssd_groups_per_pass < getattr(model, "n_groups", 0):  # fewer passes than groups: one pass
         settings["ssd_groups_per_pass"] = cfg.ssd_groups_per_pass
     return settings
-
-
-def fingerprint(identity: Mapping[str, Any]) -> str:
-    """SHA-256 of the identity as sorted-key JSON: what a checkpoint manifest records beside the identity."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -35,6 +35,7 @@ import torch
 
 __all__ = [
     "MANIFEST",
+    "fingerprint",
     "FULL",
     "SHARDED",
     "SHARDED_PARTS",
@@ -215,12 +216,15 @@ def _check_name(directory: Path, step: int) -> None:
         )
 
 
+def fingerprint(identity: Mapping[str, Any]) -> str:
+    """SHA-256 of a run identity as sorted-key JSON: what a checkpoint manifest records beside the identity."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
 def _check_fingerprint(manifest: Mapping[str, Any], path: Path) -> None:
     """The fingerprint a manifest records is its identity's (an edited identity or fingerprint is not this run's)."""
     meta = manifest.get("meta", {})
     if "identity" in meta and "fingerprint" in meta:
-        from ue5m3.training.identity import fingerprint  # noqa: PLC0415 - identity builds on this module
-
         if not isinstance(meta["identity"], dict) or meta["fingerprint"] != fingerprint(meta["identity"]):
             raise CheckpointError(
                 f"checkpoint manifest {path} is inconsistent: its fingerprint {meta['fingerprint']!r} is not the "
