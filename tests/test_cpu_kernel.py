@@ -27,6 +27,10 @@ SCHEMES = [
     get_scheme("nvfp4_4over6_mse"),
     get_scheme("nvfp4_4over6_abs_max"),
     get_scheme("ue5m3_b16_4over6_mse"),
+    get_scheme("ue5m3_b16_all_finite").with_target(8192.0),  # the format study's: the larger max in reach
+    get_scheme("ue5m3_b16_alto").with_target(8192.0),
+    get_scheme("mxfp4_b16"),
+    get_scheme("mxfp4_b16_rceil"),
 ]
 
 

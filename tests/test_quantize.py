@@ -212,12 +212,23 @@ LAYOUTS = {
 }
 
 
-def test_named_schemes_are_the_four_of_the_spec_and_the_4over6_variants():
+def test_named_schemes_are_the_four_of_the_spec_the_4over6_variants_and_the_format_studys():
     four_over_six = {f"nvfp4_4over6_{s}" for s in ("mae", "mse", "abs_max")} | {
         "ue5m3_b16_4over6_mae",
         "ue5m3_b16_4over6_mse",
     }
-    assert set(SCHEMES) == set(NAMED) | four_over_six
+    study = {"ue5m3_b16_all_finite", "ue5m3_b16_alto", "mxfp4_rceil", "mxfp4_b16", "mxfp4_b16_rceil"}
+    assert set(SCHEMES) == set(NAMED) | four_over_six | study
+    assert [SCHEMES[n].scale.max_finite for n in ("ue5m3_b16", "ue5m3_b16_all_finite", "ue5m3_b16_alto")] == [
+        61440.0,
+        122880.0,
+        114688.0,
+    ]  # the three top-code conventions of numerics spec section 1, otherwise the proposed scheme
+    assert {(SCHEMES[n].block_size, SCHEMES[n].scale_rule.value) for n in study if n.startswith("mxfp4")} == {
+        (32, "mx_rceil"),
+        (16, "mx_floor"),
+        (16, "mx_rceil"),
+    }
     assert {SCHEMES[n].scale_rule for n in four_over_six} == {ScaleRule.FOUR_OVER_SIX}
     assert {SCHEMES[n].target for n in four_over_six} == {256.0}
     assert [get_scheme(n).block_size for n in NAMED] == [16, 32, 16, 32]

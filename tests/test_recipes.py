@@ -78,6 +78,55 @@ def test_packaged_file_opens_with_a_comment_citing_the_paper_and_spec(name):
     assert "UE5M3 FP4 Block Scaling" in header and "spec" in header
 
 
+STUDY = [
+    *(f"e4m3_t{t}{s}" for t in (256, 448) for s in ("", "_4over6")),
+    *(f"ue5m3_{c}t{t}" for c in ("all_finite_", "alto_") for t in (2048, 448, 8192)),
+    "ue5m3_t2048",
+    "ue5m3_t448",
+    *(f"ue5m3_t448_d{d}" for d in (1, 10, 200)),
+    "ue5m3_t8192",
+    *(f"ue8m0_{r}_b{b}" for r in ("floor", "rceil") for b in (16, 32)),
+]
+
+
+def test_study_recipes_ship_each_one_factor_from_the_reference_arm():
+    """The format study's arms (recipe_files/study, issue 26 item 4) are in the package, read by name, and differ
+    from the reference arm ue5m3_t448 only in the scale scheme, the targets and D."""
+    assert recipes.study_names() == sorted(STUDY)
+    assert not set(STUDY) & set(NAMED)
+    reference = recipes.get("ue5m3_t448").to_dict()
+    assert (reference["scheme"], reference["interval"]) == ("ue5m3_b16", 50)
+    assert recipes.get("ue5m3_b16").to_dict() | {"name": "ue5m3_t448", "description": reference["description"],
+                                                 "target_overrides": []} == reference  # fmt: skip
+    for name in STUDY:
+        text = (Path(recipes.__file__).parent / "recipe_files" / "study" / f"{name}.yaml").read_text()
+        assert text.startswith(f"# {name}:") and "issue 26" in text
+        recipe = recipes.get(name)
+        assert recipe.name == name and Recipe.from_dict(recipe.to_dict()) == recipe
+        scheme = SCHEMES[recipe.scheme]
+        targets = {role: cfg.target for role, cfg in recipe.roles.items()}
+        if name.startswith("ue8m0"):
+            assert scheme.target is None and set(targets.values()) == {None} and recipe.interval == 1
+            assert (scheme.block_size, scheme.scale_rule.value) == (int(name[-2:]), f"mx_{name.split('_')[1]}")
+            assert recipe.gemm.final_grid is None and not any(c.two_d for c in recipe.roles.values())
+        else:
+            t = float(name.split("_t")[1].split("_")[0])
+            assert set(targets.values()) == {t}
+            convention = name.split("_t")[0]  # e4m3, ue5m3, ue5m3_all_finite, ue5m3_alto
+            assert scheme.scale.name == convention and scheme.block_size == 16
+            d = int(name.split("_d")[1]) if "_d" in name else (1 if name.startswith("e4m3") else 50)
+            assert recipe.interval == d
+            assert (scheme.selection is not None) == name.endswith("4over6")
+        same = {k: v for k, v in recipe.to_dict().items() if k not in ("name", "description", "scheme", "interval")}
+        ref_same = {k: v for k, v in reference.items() if k not in ("name", "description", "scheme", "interval")}
+        for role in ("activation", "weight", "upstream_gradient"):
+            same["roles"][role] = {**same["roles"][role], "target": None, "two_d": None}
+            ref_same["roles"][role] = {**ref_same["roles"][role], "target": None, "two_d": None}
+        same["gemm"] = {**same["gemm"], "final_grid": None}
+        ref_same["gemm"] = {**ref_same["gemm"], "final_grid": None}
+        assert same == ref_same, name
+
+
 def test_unknown_recipe_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="ue5m3_b16") as info:
         recipes.get("ue5m3_b64")

@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, UE8M0, FloatFormat
+from ue5m3.numerics.formats import E2M1, E4M3, UE5M3, UE5M3_ALL_FINITE, UE5M3_ALTO, UE8M0, FloatFormat
 
 __all__ = ["ScaleRule", "ScaleOrder", "Selection", "DequantizeOrder", "BlockScheme", "SCHEMES", "get_scheme"]
 
@@ -176,6 +176,30 @@ SCHEMES.update(
     {
         f"ue5m3_b16_4over6_{s.value}": _four_over_six(f"ue5m3_b16_4over6_{s.value}", UE5M3, s, zero_scale_repair=True)
         for s in (Selection.MAE, Selection.MSE)
+    }
+)
+
+
+# The block-scale format study (issue 26): UE5M3 under the other two top-code conventions (the authors' TE fork,
+# all 256 codes finite, max 122,880; AMD ALTO, 0xFF NaN, max 114,688), and UE8M0 at blocks 16 and 32 with the OCP
+# floor rule and the RCEIL rule (torchao's RCEIL, TE's float_to_e8m0).
+SCHEMES.update(
+    {
+        f"ue5m3_b16_{fmt.name.removeprefix('ue5m3_')}": BlockScheme(
+            name=f"ue5m3_b16_{fmt.name.removeprefix('ue5m3_')}", scale=fmt, block_size=16, target=448.0,
+            zero_scale_repair=True,
+        )
+        for fmt in (UE5M3_ALL_FINITE, UE5M3_ALTO)
+    }
+)  # fmt: skip
+SCHEMES.update(
+    {
+        name: BlockScheme(name=name, scale=UE8M0, block_size=block, target=None, scale_rule=rule)
+        for name, block, rule in (
+            ("mxfp4_rceil", 32, ScaleRule.MX_RCEIL),
+            ("mxfp4_b16", 16, ScaleRule.MX_FLOOR),
+            ("mxfp4_b16_rceil", 16, ScaleRule.MX_RCEIL),
+        )
     }
 )
 
