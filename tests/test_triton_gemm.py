@@ -256,3 +256,58 @@ def test_all_zero_operands_and_slices():
     assert _same_bits(out, _reference(a_q, b_q))
     zero_a, zero_b = quantize(torch.zeros(8, 64), "ue5m3_b16"), quantize(torch.zeros(64, 8), "ue5m3_b16", axis=0)
     assert _same_bits(_paths(zero_a, zero_b)[0], _reference(zero_a, zero_b))
+
+
+# ----- the shipped GPU tiles, 64-bit offsets and a prepared B, in the interpreter --------------------------------
+
+
+@pytest.mark.parametrize("capability", [90, 100])
+def test_the_gpu_tiles_give_the_reference_bits(capability):
+    """The tiles a GPU runs (fast tiles of 128 x 64, exact sub-tiles of 32 x 64 inside them, the grouped launch
+    order) with both paths in one GEMM, ragged edges included: the reference's bits."""
+    from ue5m3.numerics.kernels import triton_gemm
+
+    x = _blockwise(150, 256, 0.0, seed=12)
+    x[:40, 64:128] *= torch.tensor([2.0**12, 1.0, 2.0**-12, 1.0]).repeat_interleave(16)  # an exact slice, one tile
+    a_q = quantize(x, "ue5m3_b16")
+    b_q = quantize(_blockwise(140, 256, 1.0, seed=13).t().contiguous(), "ue5m3_b16", axis=0, two_d=True)
+    out, taken = _paths(a_q, b_q, tiles=triton_gemm.PROBE_TILES[capability])
+    assert taken.shape[:2] == (2, 3) and bool(taken[0, :, 1].all()) and int(taken.sum()) == 3
+    assert _same_bits(out, _reference(a_q, b_q))
+
+
+def test_64_bit_offsets_give_the_same_bits(monkeypatch):
+    """Offsets are 32-bit where every tensor allows it; the 64-bit kernels (forced here) compute the same."""
+    from ue5m3.numerics.kernels import triton_gemm
+
+    a_q = quantize(_blockwise(40, 192, 3.0, seed=14), "nvfp4")
+    b_q = quantize(_blockwise(36, 192, 3.0, seed=15).t().contiguous(), "nvfp4", axis=0)
+    narrow, taken = _paths(a_q, b_q)
+    monkeypatch.setattr(triton_gemm, "INT32_LIMIT", 100)
+    launches, _, _ = triton_gemm.probe_gemm_launches(
+        a_q.payload,
+        a_q.scales,
+        b_q.payload,
+        b_q.scales,
+        block=16,
+        column_block=1,
+        width=64,
+        rtz=True,
+        grid=1024,
+        alpha=1.0,
+    )
+    assert all(launch.constants["INDEX64"] for launch in launches)
+    wide, wide_taken = _paths(a_q, b_q)
+    assert bool(taken.any()) and torch.equal(taken, wide_taken)
+    assert _same_bits(narrow, wide) and _same_bits(narrow, _reference(a_q, b_q))
+
+
+def test_a_prepared_b_gives_the_same_bits_and_a_mismatched_one_is_refused():
+    a_q = quantize(_blockwise(40, 192, 2.0, seed=16), "ue5m3_b16")
+    b_q = quantize(_blockwise(36, 192, 2.0, seed=17).t().contiguous(), "ue5m3_b16", axis=0, two_d=True)
+    prepared = gemm.prepare_operand(b_q, backend="triton")
+    got = gemm.matmul(a_q, b_q, "probe_matched", backend="triton", prepared_b=prepared)
+    assert _same_bits(got, _reference(a_q, b_q))
+    with pytest.raises(ValueError, match="prepared_b was prepared"):
+        gemm.matmul(a_q, b_q, "probe_matched", slice_width=32, backend="triton", prepared_b=prepared)
+    assert gemm.prepare_operand(b_q, backend="torch") is None and gemm.prepare_operand(b_q, "mma_sim") is None

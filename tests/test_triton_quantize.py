@@ -38,6 +38,10 @@ SCHEMES = {
     "nvfp4_4over6_mae": get_scheme("nvfp4_4over6_mae"),
     "nvfp4_4over6_abs_max": get_scheme("nvfp4_4over6_abs_max"),
     "ue5m3_b16_4over6_mae": get_scheme("ue5m3_b16_4over6_mae"),
+    "ue5m3_all_finite_t8192": get_scheme("ue5m3_b16_all_finite").with_target(8192.0),  # the format study's
+    "ue5m3_alto_t8192": get_scheme("ue5m3_b16_alto").with_target(8192.0),
+    "mxfp4_b16": get_scheme("mxfp4_b16"),
+    "mxfp4_b16_rceil": get_scheme("mxfp4_b16_rceil"),
 }
 LAYOUTS = {
     "1d-last": ((8, 64), {}),
@@ -160,3 +164,24 @@ def test_both_axes_of_a_ragged_tensor_are_the_two_calls():
     got_last, got_first = quantize_both_axes(x, "ue5m3_b16", AxisQuantization(), AxisQuantization(), backend="triton")
     _assert_same(got_last, quantize(x, "ue5m3_b16", backend="torch"))
     _assert_same(got_first, quantize(x, "ue5m3_b16", axis=0, backend="torch"))
+
+
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "mxfp4", "nvfp4_4over6_mse"])
+def test_the_gpu_tiles_and_64_bit_offsets_give_the_same_bits(scheme, monkeypatch):
+    """The two-axis kernel at the tiles a GPU runs (32 x 32, no spills) and both kernels with 64-bit offsets (forced
+    here; a launch takes them only for tensors past 2^31 elements): the reference's bits."""
+    from ue5m3.numerics.kernels import triton_quantize
+
+    x = _hard((96, 160), seed=7)
+    last = AxisQuantization(rounding="sf", stream=STREAM, name="x")
+    first = AxisQuantization(rounding="sr_te", stream=OTHER_STREAM, name="xt")
+    ref_last = quantize(x, SCHEMES[scheme], rounding="sf", stream=STREAM, backend="torch")
+    ref_first = quantize(x.t(), SCHEMES[scheme], rounding="sr_te", stream=OTHER_STREAM, backend="torch")
+    ref_2d = quantize(x, SCHEMES[scheme], two_d=True, backend="torch")
+    for tiles, limit in ((triton_quantize.TWO_AXIS_TILES["gpu"], triton_quantize.INT32_LIMIT), ((64, 64, 4), 100)):
+        monkeypatch.setitem(triton_quantize.TWO_AXIS_TILES, "interpreter", tiles)
+        monkeypatch.setattr(triton_quantize, "INT32_LIMIT", limit)
+        got_last, got_first = quantize_both_axes(x, SCHEMES[scheme], last, first, transposed=True, backend="triton")
+        _assert_same(got_last, ref_last)
+        _assert_same(got_first, ref_first)
+        _assert_same(quantize(x, SCHEMES[scheme], two_d=True, backend="triton"), ref_2d)

@@ -330,8 +330,10 @@ def find_sr_state(model: nn.Module) -> SRState | None:
     return next(iter(found.values()), None)
 
 
-def set_weight_caching(model: nn.Module, mode: WeightCaching | str) -> None:
-    """Set how every FP4 linear of ``model`` reuses its weight quantizations (held copies are dropped)."""
+def set_weight_caching(model: nn.Module, mode: WeightCaching | str, *, keep_prepared: bool = False) -> None:
+    """Set how every FP4 linear of ``model`` reuses its weight quantizations (held copies are dropped);
+    ``keep_prepared`` holds their prepared GEMM operands for the step too (opt-in: about 4.1 bytes per weight
+    element, :mod:`ue5m3.layers.weight_cache`)."""
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            module.weight_cache = WeightCache(mode)
+            module.weight_cache = WeightCache(mode, keep_prepared=keep_prepared)

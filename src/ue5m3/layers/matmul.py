@@ -214,9 +214,14 @@ def _quantize_one(
 
 
 def run_gemm(
-    a_q: QuantizedTensor, b_q: QuantizedTensor, config: GemmConfig, *, backend: Backend = Backend.AUTO
+    a_q: QuantizedTensor,
+    b_q: QuantizedTensor,
+    config: GemmConfig,
+    *,
+    backend: Backend = Backend.AUTO,
+    prepared_b: object | None = None,
 ) -> torch.Tensor:
-    """A @ B under the configured output model (FP32 result)."""
+    """A @ B under the configured output model (FP32 result); ``prepared_b``: B's prepared operand, if held."""
     return gemm.matmul(
         a_q,
         b_q,
@@ -225,6 +230,7 @@ def run_gemm(
         cross_slice_rounding=config.cross_slice_rounding,
         final_grid=config.final_grid,
         backend=backend,
+        prepared_b=prepared_b,
     )
 
 
@@ -257,23 +263,39 @@ def _observe(sample: telemetry.TelemetrySample, tensor: torch.Tensor, call: Oper
     telemetry.observe(sample, spec.operand, q, source, stochastic=stochastic, held=held)
 
 
-def _weight(call: LinearCall, operand: Operand, weight: torch.Tensor) -> QuantizedTensor:
-    """The weight quantized for ``operand`` (W^T along in, or W along out), from the layer's cache when its
-    rounding is deterministic (the same bits: the weight and its held reference do not change within an epoch)."""
+def _weight(call: LinearCall, operand: Operand, weight: torch.Tensor) -> tuple[QuantizedTensor, object | None]:
+    """The weight quantized for ``operand`` (W^T along in, or W along out) and its prepared GEMM operand, from the
+    layer's cache when its rounding is deterministic (the same bits: the weight and its held reference do not change
+    within an epoch); the prepared operand is None where nothing holds one (the GEMM then prepares B itself)."""
 
     def make() -> QuantizedTensor:
         return _quantize(call, weight, (operand,), call.weight_reference)[0]
 
+    def prepare(q: QuantizedTensor) -> object | None:
+        config = call.policy.gemm
+        return gemm.prepare_operand(q, config.model.value, slice_width=config.slice_width, backend=call.policy.backend)
+
     if Rounding(call.policy.operands[operand].rounding).random_bit_count:
-        return make()
-    return call.weights.get(operand, weight, call.weight_epoch, make)
+        return make(), None
+    return call.weights.get(operand, weight, call.weight_epoch, make, prepare, kernel=pack_kernel(call.policy.backend))
 
 
-def _gemm(call: LinearCall, a: tuple[Operand, QuantizedTensor], b: tuple[Operand, QuantizedTensor]) -> torch.Tensor:
+def pack_kernel(backend: Backend) -> bool | None:
+    """How a backend packs the FP4 linear's saved and cached quantizations (``QuantizedTensor.pack(kernel=...)``):
+    'triton' with the Triton kernel, 'torch' and 'cpu_kernel' with torch ops, 'auto' by the device."""
+    return {Backend.TRITON: True, Backend.AUTO: None}.get(Backend(backend), False)
+
+
+def _gemm(
+    call: LinearCall,
+    a: tuple[Operand, QuantizedTensor],
+    b: tuple[Operand, QuantizedTensor],
+    prepared_b: object | None = None,
+) -> torch.Tensor:
     """A @ B (FP32), its two operands counted into the layer's accumulator."""
     for operand, q in (a, b):
         telemetry.count(call.counts, operand, q)
-    return run_gemm(a[1], b[1], call.policy.gemm, backend=call.policy.backend)
+    return run_gemm(a[1], b[1], call.policy.gemm, backend=call.policy.backend, prepared_b=prepared_b)
 
 
 class FP4Matmul(torch.autograd.Function):
@@ -287,10 +309,10 @@ class FP4Matmul(torch.autograd.Function):
         slots = (Operand.FPROP_ACTIVATION, Operand.WGRAD_ACTIVATION) if wgrad else (Operand.FPROP_ACTIVATION,)
         x_q, *wgrad_x = _quantize(call, x, slots, call.activation_reference)
         # W^T [in, out] along in (2D tiles: W^T's tiles are W's, transposed)
-        wt_q = _weight(call, Operand.FPROP_WEIGHT, weight)
+        wt_q, wt_prepared = _weight(call, Operand.FPROP_WEIGHT, weight)
         # fprop: [T, in] @ [in, out] -> Y [T, out] FP32
-        y = _gemm(call, (Operand.FPROP_ACTIVATION, x_q), (Operand.FPROP_WEIGHT, wt_q))
-        packed = wgrad_x[0].pack() if wgrad_x else None
+        y = _gemm(call, (Operand.FPROP_ACTIVATION, x_q), (Operand.FPROP_WEIGHT, wt_q), wt_prepared)
+        packed = wgrad_x[0].pack(kernel=pack_kernel(call.policy.backend)) if wgrad_x else None
         # autograd holds the packed tensors (save_for_backward: dropped and recomputed under activation
         # checkpointing); ctx keeps only their layout, so nothing else keeps them alive
         ctx.save_for_backward(weight, *(packed.tensors() if packed is not None else ()))
@@ -316,13 +338,13 @@ class FP4Matmul(torch.autograd.Function):
         if dgrad:
             # ----- dgrad: dX [T, in] = dY [T, out] @ W [out, in], both along out
             # W in the same 2D tiles as the forward pass
-            w_q = _weight(call, Operand.DGRAD_WEIGHT, weight)
+            w_q, w_prepared = _weight(call, Operand.DGRAD_WEIGHT, weight)
             dgrad_dy = (Operand.DGRAD_UPSTREAM_GRADIENT, dy_q[Operand.DGRAD_UPSTREAM_GRADIENT])
-            grad_x = _gemm(call, dgrad_dy, (Operand.DGRAD_WEIGHT, w_q)).to(ctx.x_dtype)
+            grad_x = _gemm(call, dgrad_dy, (Operand.DGRAD_WEIGHT, w_q), w_prepared).to(ctx.x_dtype)
         if wgrad:
             # ----- wgrad: dW [out, in] = dY^T [out, T] @ X [T, in], both along tokens
             # dY^T RHT'd with its current amax if configured; X: the packed copy the forward pass saved
-            x_q = ctx.wgrad_x.with_tensors(tuple(saved)).unpack()
+            x_q = ctx.wgrad_x.with_tensors(tuple(saved)).unpack(kernel=pack_kernel(call.policy.backend))
             wgrad_dy = (Operand.WGRAD_UPSTREAM_GRADIENT, dy_q[Operand.WGRAD_UPSTREAM_GRADIENT])
             grad_w = _gemm(call, wgrad_dy, (Operand.WGRAD_ACTIVATION, x_q)).to(weight.dtype)
         return grad_x, grad_w, None

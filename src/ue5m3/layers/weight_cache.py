@@ -5,6 +5,18 @@ tiles) although the weight changes only at the optimizer step. :class:`WeightCac
 (:class:`~ue5m3.numerics.quantize.PackedQuantized`) while its key holds, and :class:`WeightCaching` says what the
 key is. A cached quantization is the one recomputing would give (the weight and its held reference do not change
 under the key), so the bits are the same with or without caching; only deterministic roundings are cached.
+
+The cache can also keep, beside each packed quantization, the weight's *prepared* GEMM operand
+(:func:`ue5m3.numerics.gemm.prepare_operand`: on the Triton probe_matched path, the FP16 slice values, the shifts and
+the tile bounds the kernels read), so that the preparation pass runs once per step instead of once per microbatch
+and GEMM. It is opt-in (``keep_prepared=True``, :func:`ue5m3.layers.linear.set_weight_caching`), off by default:
+a prepared operand takes about 2.07 bytes per weight element (2 for the FP16 values, 4 bytes per column and
+64-wide slice for the shifts, the bounds per tile), four times the packed copy, and both operands (W^T and W) are
+held, so about 4.1 bytes per weight element for the step: about 29 GB per rank for the 8B model's 112 eligible
+linears (7.0 B weights) in ``step`` mode under FSDP2, where every rank holds every layer's copy. What it saves is
+one memory-bound pass per weight, GEMM and microbatch (it reads the FP32 payload and writes the FP16 values: about
+6 bytes moved per weight element). Turn it on only where that memory is free, e.g. one process without sharding
+and with several microbatches per step.
 """
 
 from __future__ import annotations
@@ -42,37 +54,51 @@ class WeightCache:
     """The packed weight quantizations of one FP4 linear (fprop W^T and dgrad W), kept while their key holds.
 
     The key is the layer's weight epoch (the scale step), plus the tensor's identity, version and storage in
-    ``version`` mode. :attr:`hits` and :attr:`misses` count the lookups.
+    ``version`` mode. :attr:`hits` and :attr:`misses` count the lookups. ``keep_prepared``: hold the prepared GEMM
+    operands too (off by default: their memory, in the module's docstring).
     """
 
-    def __init__(self, mode: WeightCaching | str = WeightCaching.VERSION) -> None:
+    def __init__(self, mode: WeightCaching | str = WeightCaching.VERSION, *, keep_prepared: bool = False) -> None:
         self.mode = WeightCaching(mode)
-        self._entries: dict[Operand, tuple[weakref.ref, tuple, PackedQuantized]] = {}
+        self.keep_prepared = keep_prepared
+        self._entries: dict[Operand, tuple[weakref.ref, tuple, PackedQuantized, object | None]] = {}
         self.hits = 0
         self.misses = 0
 
     def get(
-        self, operand: Operand, weight: torch.Tensor, step: int | None, make: Callable[[], QuantizedTensor]
-    ) -> QuantizedTensor:
-        """The quantization of ``weight`` for ``operand`` under weight epoch ``step``: the held one while its key
-        holds, else ``make()`` (then held in packed form, unless caching is off)."""
+        self,
+        operand: Operand,
+        weight: torch.Tensor,
+        step: int | None,
+        make: Callable[[], QuantizedTensor],
+        prepare: Callable[[QuantizedTensor], object | None] | None = None,
+        *,
+        kernel: bool | None = None,
+    ) -> tuple[QuantizedTensor, object | None]:
+        """The quantization of ``weight`` for ``operand`` under weight epoch ``step`` and its prepared GEMM operand:
+        the held ones while the key holds, else ``make()`` and ``prepare(q)`` (then held, the quantization in
+        packed form, unless caching is off; the prepared operand only with ``keep_prepared``). Without caching, or
+        without ``prepare``, the prepared operand is None (the GEMM prepares its own). ``kernel``: how to pack and
+        unpack (``QuantizedTensor.pack``)."""
         if self.mode is WeightCaching.OFF:
-            return make()
+            return make(), None
         # host metadata only: the version counter and storage pointer catch in-place updates and `.data` swaps
         key = (step,) if self.mode is WeightCaching.STEP else (step, weight._version, weight.data_ptr())
         entry = self._entries.get(operand)
         if entry is not None and entry[1] == key and (self.mode is WeightCaching.STEP or entry[0]() is weight):
             self.hits += 1
-            return entry[2].unpack()
+            return entry[2].unpack(kernel=kernel), entry[3]
         self.misses += 1
+        self._entries.pop(operand, None)  # the stale entry goes before the new one is made (peak memory)
         q = make()
-        self._entries[operand] = (weakref.ref(weight), key, q.pack())
-        return q
+        prepared = prepare(q) if prepare is not None and self.keep_prepared else None
+        self._entries[operand] = (weakref.ref(weight), key, q.pack(kernel=kernel), prepared)
+        return q, prepared
 
     @property
     def nbytes(self) -> int:
-        """Bytes the held packed quantizations take."""
-        return sum(entry[2].nbytes for entry in self._entries.values())
+        """Bytes the held packed quantizations and prepared operands take."""
+        return sum(entry[2].nbytes + getattr(entry[3], "nbytes", 0) for entry in self._entries.values())
 
     def clear(self) -> None:
         self._entries.clear()

@@ -18,6 +18,7 @@ Outside it, ``meta`` tensors run the torch path (a placement check: no host read
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from enum import StrEnum
 
@@ -36,6 +37,7 @@ __all__ = [
     "exact_fp32",
     "fused_kernel",
     "triton_reason",
+    "triton_import_reason",
 ]
 
 
@@ -91,16 +93,26 @@ def _kernel_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
     return None
 
 
+def triton_import_reason(module: str) -> str | None:
+    """Why the Triton kernel module ``ue5m3.numerics.kernels.<module>`` cannot be imported (None if it can): triton
+    is not installed, or its version is one the kernels refuse (the message names the tested versions)."""
+    try:
+        importlib.import_module(f"ue5m3.numerics.kernels.{module}")
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "triton":
+            raise
+        return "triton is not installed (pip install 'ue5m3[gpu]')"
+    except ImportError as error:
+        return str(error)
+    return None
+
+
 def triton_reason(x: torch.Tensor, scheme: BlockScheme) -> str | None:
     """Why the Triton kernel cannot take this case (None if it can)."""
-    reason = _scheme_reason(scheme)
+    reason = _scheme_reason(scheme) or triton_import_reason("triton_quantize")
     if reason is not None:
         return reason
-    try:
-        from ue5m3.numerics.kernels import triton_quantize
-    except ImportError:
-        return "triton is not installed (pip install 'ue5m3[gpu]')"
-    return triton_quantize.usable(x.device)
+    return triton_device_reason(x.device)
 
 
 def fused_kernel(x: torch.Tensor, scheme: BlockScheme, backend: Backend, name: str) -> str | None:

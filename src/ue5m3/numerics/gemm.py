@@ -37,7 +37,7 @@ from enum import StrEnum
 
 import torch
 
-from ue5m3.numerics.backend import Backend, exact_fp32, triton_by_default
+from ue5m3.numerics.backend import Backend, exact_fp32, triton_by_default, triton_device_reason, triton_import_reason
 from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap, twosum_chain_to_fp32
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
@@ -47,6 +47,7 @@ __all__ = [
     "OutputModel",
     "alpha",
     "matmul",
+    "prepare_operand",
     "fused_step",
     "mma_sim_step",
     "DEFAULT_TILE_ELEMENTS",
@@ -370,13 +371,12 @@ def _probe_kernel(
 
 def _triton_reason(a_q: QuantizedTensor) -> str | None:
     """Why the Triton probe_matched kernel cannot take these operands (None if it can)."""
-    try:
-        from ue5m3.numerics.kernels import triton_gemm
-    except ImportError:
-        return "triton is not installed (pip install 'ue5m3[gpu]')"
+    reason = triton_import_reason("triton_gemm")
+    if reason is not None:
+        return reason
     if a_q.scheme.block_size % 16:
         return f"block size {a_q.scheme.block_size} (the kernel takes multiples of 16)"
-    return triton_gemm.usable(a_q.payload_blocks.device)
+    return triton_device_reason(a_q.payload_blocks.device)
 
 
 def _use_kernel(backend: Backend, model: OutputModel, a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -405,6 +405,7 @@ def matmul(
     final_grid: int | None = 1024,
     tile_elements: int = DEFAULT_TILE_ELEMENTS,
     backend: Backend | str = Backend.AUTO,
+    prepared_b: object | None = None,
 ) -> torch.Tensor:
     """FP32 result of A @ B under one GEMM output model.
 
@@ -418,17 +419,74 @@ def matmul(
         tile_elements: intermediate elements per chunk (FP64 slice sums or block partials), bounding memory.
         backend: who computes ``probe_matched`` (:class:`~ue5m3.numerics.backend.Backend`; the other models are
             plain torch on every backend); results do not depend on it.
+        prepared_b: what :func:`prepare_operand` returned for ``b_q`` (e.g. a weight's, kept for the step); None
+            prepares B in this call where the kernel needs it. The same bits either way.
 
     Returns:
         FP32 tensor [M, N].
     """
     with exact_fp32(a_q.payload_blocks.device):
         return _matmul(
-            a_q, b_q, OutputModel(model), slice_width, cross_slice_rounding, final_grid, tile_elements, backend
+            a_q,
+            b_q,
+            OutputModel(model),
+            slice_width,
+            cross_slice_rounding,
+            final_grid,
+            tile_elements,
+            backend,
+            prepared_b,
         )
 
 
-def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile_elements, backend) -> torch.Tensor:
+def _takes_triton(model: OutputModel, backend: Backend, q: QuantizedTensor) -> bool:
+    """Whether this GEMM runs on the Triton kernels; backend='triton' that cannot take it raises, naming why."""
+    if model not in (OutputModel.PROBE_MATCHED, OutputModel.MMA_SIM):
+        return False
+    if not (backend is Backend.TRITON or (backend is Backend.AUTO and triton_by_default(q.payload_blocks.device))):
+        return False
+    reason = _triton_reason(q)
+    if reason is not None and backend is Backend.TRITON:
+        raise ValueError(f"backend='triton' cannot compute this {model.value} GEMM: {reason}; use 'auto' or 'torch'")
+    return reason is None
+
+
+def prepare_operand(
+    b_q: QuantizedTensor,
+    model: OutputModel | str = OutputModel.PROBE_MATCHED,
+    *,
+    slice_width: int = 64,
+    backend: Backend | str = Backend.AUTO,
+) -> object | None:
+    """B [K, N] as the probe_matched Triton kernels read it (FP16 slice values on common exponents, their shifts and
+    the tiles' bounds), for :func:`matmul`'s ``prepared_b``: a weight's, computed once per step instead of in every
+    GEMM of every microbatch. None where :func:`matmul` would not run the Triton probe_matched kernels (nothing to
+    prepare)."""
+    model, backend = OutputModel(model), Backend(backend)
+    if model is not OutputModel.PROBE_MATCHED or len(b_q.shape) != 2 or not _takes_triton(model, backend, b_q):
+        return None
+    from ue5m3.numerics.kernels import triton_gemm
+    from ue5m3.numerics.kernels.launch import run
+
+    block = b_q.scheme.block_size
+    if slice_width % 16 or slice_width % block or b_q.shape[0] % slice_width:
+        return None
+    prepared, launch = triton_gemm.prepare_operand(
+        b_q.payload.to(torch.float32),
+        b_q.scales.to(torch.float32),
+        operand="B",
+        block=block,
+        column_block=block if b_q.layout.two_d else 1,
+        width=slice_width,
+        mbits=b_q.scheme.scale.mantissa_bits,
+    )
+    run([launch], b_q.payload_blocks.device)
+    return prepared
+
+
+def _matmul(
+    a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile_elements, backend, prepared_b
+) -> torch.Tensor:
     backend = Backend(backend)
     cross_slice_rounding = Rounding(cross_slice_rounding)
     m, k, n, block = _check_operands(a_q, b_q)
@@ -448,16 +506,7 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
         return torch.zeros(m, n, dtype=torch.float32, device=a_q.payload_blocks.device)
     guard = math.ceil(math.log2(slice_width))
     row_budget = (53 - guard) // 2
-    use_triton = False
-    if model in (OutputModel.PROBE_MATCHED, OutputModel.MMA_SIM) and (
-        backend is Backend.TRITON or (backend is Backend.AUTO and triton_by_default(a_q.payload_blocks.device))
-    ):
-        reason = _triton_reason(a_q)
-        if reason is not None and backend is Backend.TRITON:
-            raise ValueError(
-                f"backend='triton' cannot compute this {model.value} GEMM: {reason}; use 'auto' or 'torch'"
-            )
-        use_triton = reason is None
+    use_triton = _takes_triton(model, backend, a_q)
     rtz = cross_slice_rounding is Rounding.RTZ
     if use_triton:  # complete in-kernel (a fast path where exact, the TwoSum chain elsewhere): no host read
         from ue5m3.numerics.kernels import triton_gemm
@@ -474,7 +523,13 @@ def _matmul(a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile
         # exact TwoSum slice sums in the kernel
         mbits = (a_q.scheme.scale.mantissa_bits, b_q.scheme.scale.mantissa_bits)
         return triton_gemm.probe_gemm_payload(
-            *operands, width=slice_width, rtz=rtz, grid=final_grid, scale_mantissa_bits=mbits, **layout
+            *operands,
+            width=slice_width,
+            rtz=rtz,
+            grid=final_grid,
+            scale_mantissa_bits=mbits,
+            prepared_b=prepared_b,
+            **layout,
         )
     if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice

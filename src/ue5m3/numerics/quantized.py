@@ -26,6 +26,7 @@ import torch
 
 from ue5m3.numerics import formats
 from ue5m3.numerics.formats import FloatFormat, Rounding
+from ue5m3.numerics.kernels.launch import triton_by_default
 from ue5m3.numerics.layout import BlockLayout
 from ue5m3.numerics.scale_rules import FP32_MAX
 from ue5m3.numerics.schemes import BlockScheme, DequantizeOrder
@@ -122,13 +123,20 @@ class QuantizedTensor:
         """Payload codes packed two per byte along the last axis (element 2i in the low nibble)."""
         return pack_fp4(self.payload_codes)
 
-    def pack(self) -> PackedQuantized:
+    def pack(self, *, kernel: bool | None = None) -> PackedQuantized:
         """The storage form (element codes two per byte, scale codes one per byte): what a training step keeps
-        between the forward and the backward pass; :meth:`PackedQuantized.unpack` gives these bits back."""
+        between the forward and the backward pass; :meth:`PackedQuantized.unpack` gives these bits back.
+        ``kernel``: pack E2M1 payloads with the Triton kernel (one pass; default: where the Triton backend is the
+        device's default, CUDA or a plan on ``meta``), or with torch ops (False); the same bits."""
         element, scale = self.scheme.element, self.scheme.scale
-        payload = formats.codes_of_values(self.payload_blocks, element).to(torch.uint8)
-        if element.bits <= 4:
-            payload = payload[..., 0::2] | (payload[..., 1::2] << 4)  # blocks have an even size
+        if _packs_on_triton(element, self.payload_blocks.device, kernel):
+            from ue5m3.numerics.kernels import triton_pack
+
+            payload = triton_pack.pack_e2m1(self.payload_blocks)
+        else:
+            payload = formats.codes_of_values(self.payload_blocks, element).to(torch.uint8)
+            if element.bits <= 4:
+                payload = payload[..., 0::2] | (payload[..., 1::2] << 4)  # blocks have an even size
         scales = self.scale_values
         if scale.bits <= 8:
             scales = formats.codes_of_values(scales, scale).to(torch.uint8)
@@ -184,12 +192,18 @@ class PackedQuantized:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
-    def unpack(self) -> QuantizedTensor:
+    def unpack(self, *, kernel: bool | None = None) -> QuantizedTensor:
+        """The quantized tensor these codes hold, bit for bit; ``kernel`` as :meth:`QuantizedTensor.pack`."""
         element, scale = self.scheme.element, self.scheme.scale
         codes = self.payload_codes
-        if element.bits <= 4:  # (..., block/2) -> (..., block/2, 2) -> (..., block)
-            codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
-        payload = _code_table(element, codes.device)[codes.long()]
+        if _packs_on_triton(element, codes.device, kernel):
+            from ue5m3.numerics.kernels import triton_pack
+
+            payload = triton_pack.unpack_e2m1(codes)
+        else:
+            if element.bits <= 4:  # (..., block/2) -> (..., block/2, 2) -> (..., block)
+                codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
+            payload = _code_table(element, codes.device)[codes.long()]
         scale_values = self.scale_codes
         if scale.bits <= 8:
             scale_values = _code_table(scale, scale_values.device)[scale_values.long()]
@@ -199,6 +213,14 @@ class PackedQuantized:
             payload_blocks=payload,
             **_shared_fields(self),
         )
+
+
+def _packs_on_triton(element: FloatFormat, device: torch.device, kernel: bool | None) -> bool:
+    """Whether the Triton pack/unpack kernels handle this payload: E2M1 only; by default where Triton is the device's
+    default backend (an explicit ``kernel=True`` elsewhere runs them where they can, e.g. in the interpreter)."""
+    if element.name != "e2m1" or kernel is False:
+        return False
+    return kernel is True or triton_by_default(device)
 
 
 _SHARED_FIELDS = (

@@ -23,9 +23,43 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Launch", "run", "planning", "planning_active", "triton_device_reason", "triton_by_default"]
+__all__ = [
+    "check_triton_version",
+    "TESTED_TRITON",
+    "Launch",
+    "run",
+    "planning",
+    "planning_active",
+    "triton_device_reason",
+    "triton_by_default",
+    "hardware_rtz",
+]
 
 _STATE = threading.local()
+
+# The Triton releases the kernels are tested with: 3.9.0 (the CPU lock, constraints.txt) and 3.7.1 (what PyPI's CUDA
+# torch 2.13.0 pins; tests/test_triton_versions.py); the minor versions between them are accepted, others refused.
+TESTED_TRITON = ("3.7.1", "3.9.0")
+SUPPORTED_TRITON = ((3, 7), (3, 9))  # the first and last minor version accepted
+
+
+def check_triton_version(version: str) -> None:
+    """Refuse a Triton the kernels do not support, naming the versions they are tested with.
+
+    Raises:
+        ImportError: ``version`` is outside :data:`SUPPORTED_TRITON`.
+    """
+    try:
+        minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        minor = (0, 0)
+    low, high = SUPPORTED_TRITON
+    if not low <= minor <= high:
+        raise ImportError(
+            f"triton {version} is not supported by the ue5m3 kernels: they are tested with triton "
+            f"{' and '.join(TESTED_TRITON)} and accept {low[0]}.{low[1]} to {high[0]}.{high[1]}; install one of those "
+            "(pip install triton==3.9.0, or the torch 2.13.0 CUDA wheel's 3.7.1), or use backend='torch'"
+        )
 
 
 @contextlib.contextmanager
@@ -58,6 +92,11 @@ def triton_device_reason(device: torch.device) -> str | None:
     (Triton's interpreter, how the kernels are tested without a GPU), or ``meta`` inside :func:`planning` (the
     allocations only)."""
     if device.type == "cuda":
+        if torch.version.hip is not None:
+            return (
+                "a ROCm (HIP) device: the Triton kernels are built and tested for NVIDIA GPUs only (the PTX "
+                "add.rz.f32, the tensor cores' exact accumulation); use backend='torch'"
+            )
         return None
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return None
@@ -67,6 +106,12 @@ def triton_device_reason(device: torch.device) -> str | None:
         f"tensor on {device.type} (the Triton kernels run on CUDA, on the CPU under TRITON_INTERPRET=1, and on meta "
         "inside ue5m3.numerics.backend.planning())"
     )
+
+
+def hardware_rtz(device: torch.device) -> bool:
+    """Whether the kernels use the hardware's round-toward-zero addition (the inline PTX ``add.rz.f32``): on NVIDIA
+    CUDA devices and in a plan of them (``meta``); the interpreter emulates it (the same IEEE result)."""
+    return device.type == "meta" or (device.type == "cuda" and torch.version.hip is None)
 
 
 def triton_by_default(device: torch.device) -> bool:

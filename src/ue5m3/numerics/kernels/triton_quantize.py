@@ -25,8 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ue5m3.numerics.kernels.launch import Launch, run
+from ue5m3.numerics.kernels.launch import Launch, check_triton_version, run
 from ue5m3.numerics.kernels.launch import triton_device_reason as usable
+
+check_triton_version(triton.__version__)  # refused at import: a Triton the kernels are not tested with
 
 __all__ = ["quantize_blocks", "quantize_both_axes", "AxisRequest", "usable"]
 
@@ -37,12 +39,22 @@ _SELECTION_IDS = {None: 0, "mae": 0, "mse": 1, "abs_max": 2}
 _BIT_COUNTS = {"rne": 0, "rtz": 0, "sf": 8, "sr_te": 8, "sr": 53}
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # a constexpr global: kernels may read only those
 INV_SIX = 0.1666666716337204  # fp32(1/6), the FP32 constant 1/F
+INT32_LIMIT = 2**31 - 1  # offsets within a tensor of at most this many elements fit 32 bits
 
 
 @triton.jit
 def _pow2(k):
     """2^k for integer k in [-126, 127] as FP32, from its exponent bits (exact)."""
     return ((k + 127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _index(v, INDEX64: tl.constexpr):
+    """Indices as the offsets' integer type: 64-bit only where the launch found a tensor too large for 32 bits."""
+    if INDEX64:
+        return v.to(tl.int64)
+    else:
+        return v
 
 
 @triton.jit
@@ -119,8 +131,8 @@ def _round_e2m1(v, r, MODE: tl.constexpr):
             up = delta < 0.0
         elif MODE == 2:  # SF: one FP32 addition, as the paper's kernel
             up = (delta + (2 * r + 1).to(tl.float32) * (1.0 / 512.0)) >= 1.0
-        else:  # SR: Bernoulli(delta) with 53 bits
-            up = r.to(tl.float64) < delta.to(tl.float64) * 9007199254740992.0
+        else:  # SR: Bernoulli(delta) with 53 bits: r < delta * 2^53 (exact in FP32) <=> r < ceil(delta * 2^53)
+            up = r < tl.math.ceil(delta * 9007199254740992.0).to(tl.int64)  # for integers r, with no FP64
         out = (lower + up.to(tl.float32)) * grid_step
     out = tl.minimum(out, 6.0)
     return (out.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
@@ -319,12 +331,13 @@ def _quantize_kernel(
     EXPLICIT_BITS: tl.constexpr,
     BIT_COUNT: tl.constexpr,
     SELECTION: tl.constexpr,
+    INDEX64: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
     cols = tl.arange(0, L_POW2)
     row_ok = rows < n_blocks
     mask = row_ok[:, None] & (cols[None, :] < L)
-    offsets = rows[:, None].to(tl.int64) * L + cols[None, :]
+    offsets = _index(rows, INDEX64)[:, None] * L + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     amax = tl.max(tl.abs(x), axis=1)
     if RULE == 4:
@@ -408,6 +421,7 @@ def _quantize_both_axes_kernel(
     FIRST_MODE: tl.constexpr,
     FIRST_BITS: tl.constexpr,
     SELECTION: tl.constexpr,
+    INDEX64: tl.constexpr,
 ):
     """One read of a [TILE_ROWS, TILE_COLS] tile of x [rows, cols] (both multiples of L), two quantizations:
 
@@ -421,7 +435,7 @@ def _quantize_both_axes_kernel(
     r = tl.program_id(0) * TILE_ROWS + tl.arange(0, TILE_ROWS)
     c = tl.program_id(1) * TILE_COLS + tl.arange(0, TILE_COLS)
     mask = (r < rows)[:, None] & (c < cols)[None, :]
-    x = tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + _index(r, INDEX64)[:, None] * cols + c[None, :], mask=mask, other=0.0)
     if LAST:
         blocks = tl.reshape(x, [TILE_ROWS, TILE_COLS // L, L])
         amax = tl.max(tl.abs(blocks), axis=2)  # [TILE_ROWS, TILE_COLS / L]
@@ -450,12 +464,12 @@ def _quantize_both_axes_kernel(
         scaled = blocks * mult[:, :, None]
         payload = _round_e2m1(scaled, tl.reshape(bits, [TILE_ROWS, TILE_COLS // L, L]), LAST_MODE)
         tl.store(
-            last_payload_ptr + r[:, None].to(tl.int64) * cols + c[None, :],
+            last_payload_ptr + _index(r, INDEX64)[:, None] * cols + c[None, :],
             tl.reshape(payload, [TILE_ROWS, TILE_COLS]),
             mask=mask,
         )
         block_cols = tl.program_id(1) * (TILE_COLS // L) + tl.arange(0, TILE_COLS // L)
-        per_block = r[:, None].to(tl.int64) * (cols // L) + block_cols[None, :]
+        per_block = _index(r, INDEX64)[:, None] * (cols // L) + block_cols[None, :]
         block_ok = (r < rows)[:, None] & (block_cols * L < cols)[None, :]
         outputs = (last_amax_ptr, last_scale_ptr, last_decode_ptr, last_flags_ptr)
         _store_blocks(*outputs, per_block, block_ok, amax, scale, decode, flag)
@@ -487,12 +501,12 @@ def _quantize_both_axes_kernel(
         scaled = blocks * mult[:, None, :]
         payload = _round_e2m1(scaled, tl.reshape(bits, [TILE_ROWS // L, L, TILE_COLS]), FIRST_MODE)
         tl.store(  # element (r, c) at [c, r] of the transposed layout
-            first_payload_ptr + c[None, :].to(tl.int64) * rows + r[:, None],
+            first_payload_ptr + _index(c, INDEX64)[None, :] * rows + r[:, None],
             tl.reshape(payload, [TILE_ROWS, TILE_COLS]),
             mask=mask,
         )
         block_rows = tl.program_id(0) * (TILE_ROWS // L) + tl.arange(0, TILE_ROWS // L)
-        per_block = c[None, :].to(tl.int64) * (rows // L) + block_rows[:, None]
+        per_block = _index(c, INDEX64)[None, :] * (rows // L) + block_rows[:, None]
         block_ok = (block_rows * L < rows)[:, None] & (c < cols)[None, :]
         outputs = (first_amax_ptr, first_scale_ptr, first_decode_ptr, first_flags_ptr)
         _store_blocks(*outputs, per_block, block_ok, amax, scale, decode, flag)
@@ -588,6 +602,7 @@ def quantize_blocks(
             EXPLICIT_BITS=explicit,
             BIT_COUNT=_BIT_COUNTS[rounding],
             SELECTION=_SELECTION_IDS[selection],
+            INDEX64=triton.cdiv(n_blocks, blocks_per_program) * blocks_per_program * length > INT32_LIMIT,
             enable_fp_fusion=False,
         ),
     )
@@ -613,7 +628,9 @@ class AxisRequest:
     target_f: float = 1.0
 
 
-TILE_ROWS = TILE_COLS = 64  # elements of x per program of the two-axis kernel (multiples of every block size)
+# rows, columns (multiples of every block size) and warps per program of the two-axis kernel: on a GPU, chosen from
+# what ptxas reports (no spills: docs/performance.md, "Kernels as compiled"); in the interpreter, large for speed
+TWO_AXIS_TILES = {"gpu": (32, 32, 4), "interpreter": (64, 64, 4)}
 
 
 def quantize_both_axes(
@@ -643,7 +660,8 @@ def quantize_both_axes(
     if reason is not None:
         raise ValueError(f"backend='triton' cannot run here: {reason}")
     rows, cols = x.shape
-    if rows % block or cols % block or TILE_ROWS % block:
+    tile_rows, tile_cols, warps = TWO_AXIS_TILES["interpreter" if x.device.type == "cpu" else "gpu"]
+    if rows % block or cols % block or tile_rows % block:
         raise ValueError(f"the two-axis kernel needs both dimensions multiples of the block ({block}): {rows}x{cols}")
     x = x.contiguous()
     device = x.device
@@ -692,12 +710,12 @@ def quantize_both_axes(
     last_out, first_out = outputs(last, rows * cols // block), outputs(first, rows * cols // block)
     launch = Launch(
         _quantize_both_axes_kernel,
-        (triton.cdiv(rows, TILE_ROWS), triton.cdiv(cols, TILE_COLS)),
+        (triton.cdiv(rows, tile_rows), triton.cdiv(cols, tile_cols)),
         (x, rows, cols, scale_max, INV_SIX, *arguments(last, last_out), *arguments(first, first_out)),
         dict(
             L=block,
-            TILE_ROWS=TILE_ROWS,
-            TILE_COLS=TILE_COLS,
+            TILE_ROWS=tile_rows,
+            TILE_COLS=tile_cols,
             RULE=_RULE_IDS[rule],
             ORDER=_ORDER_IDS[order],
             SCALE_MBITS=scale_mantissa_bits,
@@ -711,6 +729,8 @@ def quantize_both_axes(
             FIRST_MODE=_ROUNDING_IDS[first.rounding] if first is not None else 0,
             FIRST_BITS=_BIT_COUNTS[first.rounding] if first is not None else 0,
             SELECTION=_SELECTION_IDS[selection],
+            INDEX64=triton.cdiv(rows, tile_rows) * tile_rows * triton.cdiv(cols, tile_cols) * tile_cols > INT32_LIMIT,
+            num_warps=warps,
             enable_fp_fusion=False,
         ),
     )
