@@ -8,11 +8,15 @@
    the TwoSum path; the hardware's add.rz.f32; a negative value in the snap's dead zone) and a training step of the
    FP4 linear against the CPU reference computed in the same process, bit for bit.
 2. Benchmarks as same-run ratios: quantize time against a device copy of the same tensor; probe_matched against a
-   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes (and with the fast path off, the exact path's cost); the FP4
+   BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes (and with the fast path off, the exact path's cost; with B
+   prepared once, as a held weight; with 1% outlier channels at x100 and x1000, their exact-path share); the FP4
    linear forward+backward (time and peak memory) against BF16 ``nn.Linear``; a two-layer Nemotron-H 8B training
    step (tokens/s, peak memory) against BF16.
 3. On a Hopper GPU (compute capability 9.x), the FP8 emulator identification of docs/identification.md at CPU-scale
    corpus sizes: the structure the fitter finds in ``torch._scaled_mm`` with and without fast accumulation.
+
+4. ptxas's statistics of every shipped kernel for this GPU's architecture (``ue5m3.numerics.kernels.compiled``), and
+   the seconds each part took.
 
 It writes one JSON and replaces the "GPU check" section of docs/performance.md (between its markers) with the
 results and the GPU's name. Without a CUDA device it exits with status 2 and says so; nothing is written.
@@ -45,15 +49,20 @@ SHAPES_8B = {  # (tokens, in, out) of the Nemotron-H 8B linears at 8,192 tokens 
 }
 
 
+def _sync() -> None:
+    if torch.device(DEVICE).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _time(fn, repeats: int) -> float:
     """Best wall time of ``fn`` in seconds, device-synchronised, after one warm-up call."""
     fn()
-    torch.cuda.synchronize()
+    _sync()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -219,7 +228,7 @@ def bench_gemm(repeats: int, quick: bool) -> list[dict]:
     for label, (m, k, n) in SHAPES_8B.items():
         if quick and label != "attention q/o":
             continue
-        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)
         a16, b16 = a.bfloat16(), b.bfloat16()
         a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0, two_d=True)
         base = _time(lambda a16=a16, b16=b16: torch.mm(a16, b16), repeats)
@@ -241,7 +250,44 @@ def bench_gemm(repeats: int, quick: bool) -> list[dict]:
                 "x_bf16": exact_path / base,
             }
         )
+        if label != "attention q/o":
+            continue
+        # the weight's prepared operand held (WeightCache(keep_prepared=True)): the GEMM prepares A only
+        prepared = gemm.prepare_operand(b_q, "probe_matched", backend="triton")
+        held = _time(
+            lambda a_q=a_q, b_q=b_q, p=prepared: gemm.matmul(a_q, b_q, "probe_matched", backend="triton", prepared_b=p),
+            repeats,
+        )
+        rows.append({"case": f"probe_matched {label}, B prepared once", "seconds": held, "x_bf16": held / base})
+        # operands with outlier channels: the exact path's share and what it costs
+        for factor in (100.0, 1000.0):
+            x = a.clone()
+            x[:, torch.randperm(k)[: max(k // 100, 1)].to(DEVICE)] *= factor  # 1% of the channels
+            x_q = quantize(x, "ue5m3_b16")
+            t = _time(lambda x_q=x_q, b_q=b_q: gemm.matmul(x_q, b_q, "probe_matched", backend="triton"), repeats)
+            share = float(_probe(x_q, b_q, triton_gemm.FAST_BOUND)[1].float().mean())
+            rows.append(
+                {
+                    "case": f"probe_matched {label}, 1% outlier channels x{factor:.0f} "
+                    f"(exact path on {100 * share:.1f}% of tile-slices)",
+                    "seconds": t,
+                    "x_bf16": t / base,
+                    "exact_share": share,
+                }
+            )
     return rows
+
+
+def compiled_statistics() -> dict:
+    """ptxas's statistics of every shipped kernel for this GPU's architecture (Hopper's or Blackwell's tiles), from
+    :mod:`ue5m3.numerics.kernels.compiled`: what the timings above ran."""
+    from ue5m3.numerics.kernels import compiled
+
+    major, minor = torch.cuda.get_device_capability()
+    capability = 100 if major * 10 + minor >= 100 else 90
+    if major < 9:
+        return {}
+    return {"capability": capability, "kernels": compiled.report(capability)}
 
 
 def _probe(a_q, b_q, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -412,6 +458,21 @@ def render_markdown(result: dict) -> str:
         if "peak_mib" in row:
             extra += f", peak {row['peak_mib']:.0f} MiB (BF16 {row['bf16_peak_mib']:.0f} MiB)"
         lines.append(f"| {row['case']}{extra} | {row['seconds']:.4f} | {ratio} |")
+    kernels = result.get("compiled", {}).get("kernels", {})
+    if kernels:
+        lines += ["", f"Compiled for sm_{result['compiled']['capability']} (ptxas via Triton {result['triton']}):", ""]
+        lines += [
+            "| kernel | registers | stack bytes | shared bytes | CTAs / SM | MMAs | FP64 |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, k in kernels.items():
+            lines.append(
+                f"| {name} | {k['registers']} | {k['stack_bytes']} | {k['shared_bytes']} | {k['ctas_per_sm']} | "
+                f"{k['mma']} | {k['fp64']} |"
+            )
+    if result.get("section_seconds"):
+        spent = ", ".join(f"{k} {v:.0f} s" for k, v in result["section_seconds"].items())
+        lines += ["", f"Time per part: {spent}."]
     for row in result.get("identification", []):
         found = ", ".join(row["identified"]) or f"none; best {row['best']} with {row['best_score']}/{row['cells']}"
         lines += ["", f"{row['case']} ({row['cells']} cells, {row['seconds']:.0f} s): {found}."]
@@ -444,11 +505,22 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     repeats = 3 if args.quick else 10
-    identity = bit_identity(args.quick)
-    benchmarks = bench_quantize(repeats) + bench_gemm(repeats, args.quick) + bench_linear(repeats)
-    benchmarks += bench_step(2 if args.quick else 5)
+    seconds: dict[str, float] = {}
+
+    def timed(name, fn, *a):
+        start = time.perf_counter()
+        try:
+            return fn(*a)
+        finally:
+            seconds[name] = time.perf_counter() - start
+
+    identity = timed("identity", bit_identity, args.quick)
+    benchmarks = timed("quantize", bench_quantize, repeats) + timed("gemm", bench_gemm, repeats, args.quick)
+    benchmarks += timed("linear", bench_linear, repeats) + timed("step", bench_step, 2 if args.quick else 5)
     hopper = torch.cuda.get_device_capability()[0] == 9
-    identification = identify_hopper(args.quick) if hopper and not args.skip_identification else []
+    run_identification = hopper and not args.skip_identification
+    identification = timed("identification", identify_hopper, args.quick) if run_identification else []
+    kernels = timed("compiled", compiled_statistics)
     result = {
         "date": datetime.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
@@ -462,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         "identity": identity,
         "benchmarks": benchmarks,
         "identification": identification,
+        "compiled": kernels,
+        "section_seconds": seconds,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -54,6 +54,20 @@ def test_results_fill_the_docs_section_between_its_markers(tmp_path):
             }
         ],
     }
+    result["compiled"] = {
+        "capability": 90,
+        "kernels": {
+            "probe fast": {
+                "registers": 127,
+                "stack_bytes": 0,
+                "shared_bytes": 73728,
+                "ctas_per_sm": 2,
+                "mma": 4,
+                "fp64": 0,
+            }
+        },
+    }
+    result["section_seconds"] = {"identity": 41.0, "gemm": 12.4}
     check.update_docs(docs, check.render_markdown(result))
     text = docs.read_text()
     assert "stale" not in text and text.startswith("# Performance\n\nbefore\n") and text.endswith("after\n")
@@ -61,6 +75,8 @@ def test_results_fill_the_docs_section_between_its_markers(tmp_path):
     assert "| probe_matched mlp | 0.0100 | 2.50 x BF16 |" in text and "8192 tokens/s, 30.0 GiB peak" in text
     assert "| FP4 linear, peak 900 MiB (BF16 500 MiB) | 0.0200 | 1.90 x BF16 |" in text
     assert "use_fast_accum=False (900 cells, 12 s): w32-fused13-rtz-p128." in text
+    assert "Compiled for sm_90" in text and "| probe fast | 127 | 0 | 73728 | 2 | 4 | 0 |" in text
+    assert "Time per part: identity 41 s, gemm 12 s." in text
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     with pytest.raises(ValueError, match="no '<!-- gpu-check:begin -->'"):
@@ -84,3 +100,28 @@ def test_the_bit_identity_suite_passes_in_the_interpreter(monkeypatch):
     cases = check.bit_identity(quick=True)
     assert len(cases) > 40
     assert [c["case"] for c in cases if not c["equal"]] == []
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_the_gemm_benchmarks_run_in_the_interpreter(monkeypatch):
+    """The GEMM benchmark's code paths (the Gaussian case, the exact path forced, B prepared once, outlier channels
+    and their exact-path share) on the CPU under TRITON_INTERPRET=1 at one small shape: the rows it writes, not
+    the times (never asserted)."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("runs the Triton kernels in the interpreter on a machine without a GPU")
+    check = _module()
+    monkeypatch.setattr(check, "DEVICE", "cpu")
+    monkeypatch.setattr(check, "SHAPES_8B", {"attention q/o": (64, 128, 64)})
+    rows = check.bench_gemm(repeats=1, quick=True)
+    assert [r["case"].split(" (")[0] for r in rows] == [
+        "probe_matched attention q/o 64x128x64",
+        "probe_matched attention q/o, fast path off",
+        "probe_matched attention q/o, B prepared once",
+        "probe_matched attention q/o, 1% outlier channels x100",
+        "probe_matched attention q/o, 1% outlier channels x1000",
+    ]
+    assert all(r["seconds"] > 0 and r["x_bf16"] > 0 for r in rows)
+    assert 0.0 <= rows[3]["exact_share"] <= rows[4]["exact_share"] <= 1.0

@@ -311,3 +311,30 @@ def test_a_prepared_b_gives_the_same_bits_and_a_mismatched_one_is_refused():
     with pytest.raises(ValueError, match="prepared_b was prepared"):
         gemm.matmul(a_q, b_q, "probe_matched", slice_width=32, backend="triton", prepared_b=prepared)
     assert gemm.prepare_operand(b_q, backend="torch") is None and gemm.prepare_operand(b_q, "mma_sim") is None
+
+
+# ----- the fast-path rule restated in torch (gemm.probe_paths), against the kernels' own flags ----------------------
+
+
+@pytest.mark.parametrize(("scheme", "b_two_d"), [("ue5m3_b16", True), ("nvfp4", False), ("ue5m3_b32", False)])
+def test_probe_paths_are_the_kernels_paths(scheme, b_two_d):
+    """Which tile-slices take the exact path, from torch alone on the CPU, equals the kernels' ``paths=True`` flags:
+    Gaussian operands, rows whose block scales lie 2^(2 N(0, 1)) apart, an outlier channel at x1000 and zero
+    blocks, at the interpreter's 64 x 64 tiles and the GPU's 128 x 64, ragged edges included."""
+    from ue5m3.numerics.kernels import triton_gemm
+
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(150, 128, generator=g)
+    x[:40] = _blockwise(40, 128, 2.0, seed=22)  # the first row tile: blocks far apart
+    x[64:, 100] *= 1000.0  # an outlier channel in slice 1 of the other rows
+    x[:20, :64] = 0.0
+    a_q = quantize(x, scheme)
+    b_q = quantize(torch.randn(128, 72, generator=g), scheme, axis=0, two_d=b_two_d)
+    for tiles in (triton_gemm.INTERPRETER_TILES, triton_gemm.PROBE_TILES[90]):
+        _, taken = _paths(a_q, b_q, tiles=tiles)
+        paths = gemm.probe_paths(a_q, b_q, block_m=tiles.block_m, block_n=tiles.block_n)
+        assert paths.shape == taken.shape and torch.equal(paths, taken.bool())
+        assert 0 < int(paths.sum()) < paths.numel()
+    gpu = triton_gemm.PROBE_TILES[90]
+    assert all((t.block_m, t.block_n) == (gpu.block_m, gpu.block_n) for t in triton_gemm.PROBE_TILES.values())
+    assert torch.equal(gemm.probe_paths(a_q, b_q), gemm.probe_paths(a_q, b_q, block_m=128, block_n=64))

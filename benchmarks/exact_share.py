@@ -1,0 +1,138 @@
+"""The share of tile-slices the Triton probe_matched GEMM computes on its exact path, on real operands.
+
+    python benchmarks/exact_share.py [--model nemotron_h_debug] [--overrides JSON] [--recipe ue5m3_b16]
+        [--checkpoint DIR ...] [--init] [--batch 1] [--sequence 256] [--out results/exact_share.json]
+
+One training microbatch (forward and backward, the recipe's own quantizations: its roundings, Philox streams and
+tensor references) of the model at init (``--init``, the default without checkpoints) and from each checkpoint
+(``ue5m3.training.checkpoint.load_model_state``), on the CPU. Every FP4 GEMM of every converted linear (fprop
+X @ W^T, dgrad dY @ W, wgrad dY^T @ X) is intercepted with the operands it really gets, and
+:func:`ue5m3.numerics.gemm.probe_paths` counts which of its tile-slices the kernels would send to the exact path
+(the GPU's 128 x 64 output tiles, 64-wide K slices); the GEMM then runs as usual. The tokens are drawn uniformly
+from the vocabulary with a fixed seed (the weights and what they make of any input are what is measured).
+
+Prints a table per source (exact share per GEMM role, and the layers with the largest shares) and writes every
+layer's count to one JSON file; ``benchmarks/cost_model.py --exact-share FILE`` charges the exact path by it and
+``benchmarks/gpu_check.py`` benchmarks the captured operands' share beside Gaussian ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+PIPELINE_OVERRIDES = {"vocab_size": 4096, "hybrid_override_pattern": "*-M-M-M-M-M-"}  # config/config.yaml's model
+ROLES = {"fprop_activation": "fprop", "dgrad_upstream_gradient": "dgrad", "wgrad_upstream_gradient": "wgrad"}
+
+
+def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor) -> list[dict]:
+    """Convert ``model`` under ``recipe`` (resolved for it), run one microbatch and return one row per FP4 GEMM:
+    layer, GEMM role, shape, tile-slices and how many take the exact path."""
+    from ue5m3 import models
+    from ue5m3.layers import matmul
+    from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
+    from ue5m3.numerics import gemm
+    from ue5m3.numerics.philox import SRState
+    from ue5m3.training.loop import loss_fn
+
+    sr = SRState(0)
+    convert(model, recipe, select=models.eligible_linears(model), sr_state=sr)
+    names = {id(m.weight_cache): name for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    rows: list[dict] = []
+    original = matmul._gemm
+
+    def recording(call, a, b, prepared_b=None):
+        config = call.policy.gemm
+        if config.model.value == "probe_matched":
+            paths = gemm.probe_paths(a[1], b[1], slice_width=config.slice_width)
+            rows.append(
+                {
+                    "layer": names[id(call.weights)],
+                    "gemm": ROLES[a[0].value],
+                    "shape": [a[1].shape[0], a[1].shape[1], b[1].shape[1]],
+                    "tile_slices": paths.numel(),
+                    "exact": int(paths.sum()),
+                }
+            )
+        return original(call, a, b, prepared_b)
+
+    state = find_scale_state(model)
+    if state is not None:
+        state.begin_step(1)
+    sr.begin_step(1)
+    sr.begin_microbatch(0)
+    matmul._gemm = recording
+    try:
+        loss_fn(model, tokens[:, :-1], tokens[:, 1:]).backward()
+    finally:
+        matmul._gemm = original
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Exact-path share per GEMM role and over all, and the five layers-and-roles with the largest shares."""
+    per_role: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for row in rows:
+        per_role[row["gemm"]][0] += row["exact"]
+        per_role[row["gemm"]][1] += row["tile_slices"]
+    exact, total = sum(e for e, _ in per_role.values()), sum(t for _, t in per_role.values())
+    top = sorted(rows, key=lambda r: r["exact"] / max(r["tile_slices"], 1), reverse=True)[:5]
+    return {
+        "share": exact / max(total, 1),
+        "per_gemm": {role: e / max(t, 1) for role, (e, t) in sorted(per_role.items())},
+        "largest": [{**r, "share": r["exact"] / max(r["tile_slices"], 1)} for r in top],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="nemotron_h_debug")
+    parser.add_argument(
+        "--overrides",
+        default=json.dumps(PIPELINE_OVERRIDES),
+        help="model overrides as JSON (default: config/config.yaml's CPU training model; {} for none)",
+    )
+    parser.add_argument("--recipe", default="ue5m3_b16")
+    parser.add_argument("--checkpoint", type=Path, action="append", default=[], help="a checkpoint directory")
+    parser.add_argument("--init", action="store_true", help="measure the model at init too (the default alone)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--sequence", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("results/exact_share.json"))
+    args = parser.parse_args(argv)
+    from ue5m3 import models
+    from ue5m3.layers import recipes
+    from ue5m3.training import checkpoint
+    from ue5m3.training.config import model_layers
+
+    torch.set_num_threads(args.threads)
+    overrides = json.loads(args.overrides)
+    vocab = overrides.get("vocab_size", models.config(args.model).vocab_size)
+    tokens = torch.randint(0, vocab, (args.batch, args.sequence + 1), generator=torch.Generator().manual_seed(0))
+    sources: list[tuple[str, Path | None]] = [("init", None)] if args.init or not args.checkpoint else []
+    sources += [(str(path), path) for path in args.checkpoint]
+    result = {"model": args.model, "overrides": overrides, "recipe": args.recipe, "tokens": list(tokens.shape)}
+    result["sources"] = {}
+    for label, path in sources:
+        model = models.build(args.model, device="cpu", generator=torch.Generator().manual_seed(0), **overrides)
+        if path is not None:
+            model.load_state_dict(checkpoint.load_model_state(path))
+        rows = capture(model, recipes.get(args.recipe).for_model(model_layers(args.model, overrides)), tokens)
+        result["sources"][label] = {**summarise(rows), "gemms": rows}
+        summary = result["sources"][label]
+        roles = ", ".join(f"{role} {100 * share:.1f}%" for role, share in summary["per_gemm"].items())
+        print(f"{args.model} {label}: exact path on {100 * summary['share']:.2f}% of tile-slices ({roles})")
+        for row in summary["largest"]:
+            print(f"    {row['layer']} {row['gemm']} {row['shape']}: {100 * row['share']:.1f}%")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
