@@ -19,6 +19,7 @@ report: report_front_page()
 
 include: "workflow/rules/range_analysis.smk"
 include: "workflow/rules/accumulation.smk"
+include: "workflow/rules/plan.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/evaluation.smk"
 include: "workflow/rules/identification.smk"
@@ -31,6 +32,7 @@ include: "workflow/rules/claims.smk"
 # the figure notebooks, which also write each figure's report view (seconds each).
 localrules:
     all,
+    plan,
     train_config,
     identify_parity_config,
     training_summary,

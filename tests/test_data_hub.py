@@ -9,7 +9,7 @@ import pytest
 
 from ue5m3 import cli
 from ue5m3.config import ConfigError
-from ue5m3.data.hub import TokenizerSource, fetch_tokenizer, unpinned_hub_uris
+from ue5m3.data.hub import TokenizerSource, fetch_tokenizer, hub_uris, stage_files, staged_path, unpinned_hub_uris
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CONTENT = b'{"model": {"type": "BPE"}}'
@@ -110,3 +110,66 @@ def test_unpinned_hub_uris():
         f"hf://datasets/allenai/olmo-mix-1124@{COMMIT[:8]}/data/x.jsonl.gz",
     ]
     assert unpinned_hub_uris(unpinned) == unpinned
+
+
+# ----- hub data staged on the login node -------------------------------------------------------------------
+
+REPO_FILES = {"data/dclm/a.jsonl.zst": b"A", "data/dclm/b.jsonl.zst": b"BB", "data/wiki/c.jsonl.gz": b"C"}
+
+
+def _snapshot_download(calls: list):
+    """A stand-in for huggingface_hub.snapshot_download: writes the repository's files its patterns match."""
+    import fnmatch
+    from pathlib import Path
+
+    def download(*, repo_id, repo_type, revision, allow_patterns, local_dir):
+        calls.append((repo_id, repo_type, revision, tuple(allow_patterns)))
+        for name, content in REPO_FILES.items():
+            if any(fnmatch.fnmatch(name, p) for p in allow_patterns):
+                (Path(local_dir) / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(local_dir) / name).write_bytes(content)
+        return local_dir
+
+    return download
+
+
+def test_staging_downloads_each_pinned_uris_files_and_records_their_hashes(tmp_path):
+    uris = [f"hf://datasets/allenai/olmo-mix-1124@{COMMIT}/data/dclm/*.jsonl.zst"]
+    calls: list = []
+    record = stage_files(uris, tmp_path / "hub", download=_snapshot_download(calls))
+    assert calls == [("allenai/olmo-mix-1124", "dataset", COMMIT, ("data/dclm/*.jsonl.zst",))]
+    local = staged_path(uris[0], tmp_path / "hub")
+    assert local == str(tmp_path / "hub" / "allenai/olmo-mix-1124" / COMMIT / "data/dclm/*.jsonl.zst")
+    files = record[uris[0]]["files"]
+    assert [f["path"].rsplit("/", 1)[-1] for f in files] == ["a.jsonl.zst", "b.jsonl.zst"]
+    assert [f["sha256"] for f in files] == [hashlib.sha256(b"A").hexdigest(), hashlib.sha256(b"BB").hexdigest()]
+    assert record[uris[0]]["local"] == local
+
+
+def test_staging_refuses_an_unpinned_or_empty_uri_before_recording_it(tmp_path):
+    calls: list = []
+    unpinned = "hf://datasets/allenai/olmo-mix-1124@main/data/dclm/*.jsonl.zst"
+    with pytest.raises(ValueError, match="stage only pinned dataset URIs"):
+        stage_files([f"hf://datasets/x/y@{COMMIT}/a.gz", unpinned], tmp_path, download=_snapshot_download(calls))
+    assert calls == []  # every URI checked before anything is downloaded
+    with pytest.raises(ValueError, match="matched no file of allenai/olmo-mix-1124"):
+        stage_files(
+            [f"hf://datasets/allenai/olmo-mix-1124@{COMMIT}/data/none/*"], tmp_path, download=_snapshot_download(calls)
+        )
+
+
+def test_the_preparation_jobs_read_the_staged_copies():
+    from snakemake.utils import update_config
+
+    from ue5m3 import config as configs
+    from ue5m3 import pipeline
+    from ue5m3.pipeline import jobs
+
+    raw = configs.read_yaml("config/config.yaml")
+    update_config(raw, configs.read_yaml("config/paper.yaml"))
+    cfg = pipeline.load(raw, source="paper")
+    data = jobs.prepare_data_settings(cfg)
+    assert hub_uris(cfg.data) and not any(
+        u.startswith("hf://") for u in data["stream_a_files"] + data["stream_b_files"]
+    )
+    assert data["stream_a_files"][0].startswith(jobs.staging_dir(cfg) + "/allenai/olmo-mix-1124/")

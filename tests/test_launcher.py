@@ -33,14 +33,23 @@ def test_the_signal_margin_is_the_at_of_the_jobs_signal_option(slurm_extra, marg
     assert jobs.signal_margin_s({"slurm_extra": slurm_extra} if slurm_extra is not None else {}) == margin
 
 
-@pytest.mark.parametrize("rule", ["train_run", "train_control"])
-def test_the_paper_launcher_gives_torchrun_the_profiles_margin_and_sigusr1(rule):
-    resources = _yaml("cluster/config.yaml")["set-resources"][rule]
+@pytest.mark.parametrize("margin_minutes", [5, 15, 47])
+def test_the_paper_launcher_gives_torchrun_the_plans_margin_and_sigusr1(margin_minutes):
+    """A GPU training job's resources as the training rules build them: the section's nodes and GPUs, the plan's
+    signal margin (ue5m3.plan.run.job_resources) in the job's --signal."""
+    resources = {"nodes": 8, "tasks": 8, "gres": "gpu:4", "slurm_extra": jobs.training_slurm_extra(margin_minutes)}
     command = jobs.launcher(_yaml("config/paper.yaml")["launcher"], resources)
-    assert "--signal=TERM@900" in resources["slurm_extra"]
-    assert "--shutdown-timeout=900 " in command
+    assert f"--signal=TERM@{margin_minutes * 60}'" in resources["slurm_extra"]
+    assert f"--shutdown-timeout={margin_minutes * 60} " in command
+    assert "--nnodes=8 " in command and "--nproc-per-node=4 " in command
     assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 " in command
     assert command.index("--shutdown-timeout") > command.index("torchrun")  # torchrun's option, not srun's
+
+
+def test_the_cluster_profile_leaves_the_training_jobs_size_and_signal_to_the_config_and_the_plan():
+    for rule in ("train_run", "train_control"):
+        resources = _yaml("cluster/config.yaml")["set-resources"][rule]
+        assert not {"nodes", "tasks", "gres", "runtime", "slurm_extra"} & set(resources), rule
 
 
 def test_the_local_clusters_launcher_takes_the_margin_of_the_job_it_starts():

@@ -35,7 +35,7 @@ FLOORS: list[set[str]] = [
     {"layers", "models", "data"},
     {"training"},
     {"evaluation"},
-    {"identify", "experiments", "plotting", "conformance"},
+    {"identify", "experiments", "plotting", "conformance", "plan"},
     {"pipeline"},
     {"cli"},
     {"__main__"},

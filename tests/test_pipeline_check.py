@@ -103,6 +103,14 @@ BAD = {
         "execution: recipe 'ue5m3_b16' has no native Transformer Engine path",
     ),
     "corpus key": ("identification.corpora.nvfp4", {"scheme": "nvfp4", "seeds": 3}, "identification.corpora.nvfp4"),
+    "GPU runs without a partition": ("control.gpus_per_node", 4, "control.partition: GPU runs (gpus_per_node > 0)"),
+    "GPU partition the plan does not know": (
+        "training",
+        {"gpus_per_node": 4, "partition": "gpu"},
+        "training.partition: partition 'gpu' is not in plan.partitions ([])",
+    ),
+    "multi-node CPU runs": ("control.nodes", 2, "control.nodes: 2 nodes of CPU jobs"),
+    "unknown GPU type": ("plan", {"partitions": {"gpu": ["A100"]}}, "plan.partitions.gpu[0]: unknown GPU type 'A100'"),
 }
 
 
@@ -110,7 +118,10 @@ BAD = {
 def test_a_bad_value_is_refused_naming_its_key_path(case):
     dotted, value, expected = BAD[case]
     cfg = _default()
-    _set(cfg, dotted, copy.deepcopy(value))
+    if isinstance(value, dict) and dotted in ("training", "plan"):  # fields added to a section
+        cfg.setdefault(dotted, {}).update(copy.deepcopy(value))
+    else:
+        _set(cfg, dotted, copy.deepcopy(value))
     with pytest.raises(config.ConfigError) as err:
         pipeline.load(cfg, source="config/config.yaml")
     message = str(err.value)

@@ -168,7 +168,7 @@ def test_a_section_restating_a_jobs_settings_uses_its_types_and_no_defaults(sect
 
 # --- the rules -----------------------------------------------------------------------------------------
 
-PATH_PARAMS = {"run_dir", "out_dir", "tasks_dir", "runs", "witness_run"}
+PATH_PARAMS = {"run_dir", "out_dir", "tasks_dir", "runs", "witness_run", "staging_dir"}
 
 
 def _shell_commands() -> dict[str, str]:

@@ -68,7 +68,7 @@ def test_an_unknown_name_is_refused_naming_the_known_ones():
 def test_every_result_a_notebook_reads_has_a_producer_rule_that_exists():
     rules = set()
     for smk in RULES.glob("*.smk"):
-        rules |= set(re.findall(r"^(?:use )?rule (\w+)", smk.read_text(), re.M))
+        rules |= set(re.findall(r"^\s*(?:use )?(?:rule|checkpoint) (\w+)", smk.read_text(), re.M))
         rules |= set(re.findall(r" as (\w+) with:", smk.read_text()))
     assert {rule for _, rule in stages.PRODUCERS} <= rules
     notebooks = (ROOT / "notebooks").glob("*.py")

@@ -20,7 +20,10 @@ import yaml
 from ue5m3.layers import recipes
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.scaling import OperandRole
+from ue5m3.plan import collectives
 from ue5m3.training import checkpoint
+from ue5m3.training.build import build_shell
+from ue5m3.training.config import TrainConfig
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
@@ -218,6 +221,41 @@ def test_fsdp2_reduces_once_per_step_in_fp32_and_gathers_bf16_whatever_the_accum
     fp32 = gathers["acc4-fp32-fp4"]
     assert all(g["torch.float32"] > 0 and g["torch.bfloat16"] > 0 for g in fp32)
     assert reduce_scatters["acc4-fp32-fp4"] == [{"torch.float32": 3 + 12}] * 2
+    # the plan counts the same calls and bytes from the run's meta shell (ue5m3.plan.collectives)
+    for name, micro_batch, accumulation, extra in (
+        ("acc1", 4, 1, {}),
+        ("acc4", 1, 4, {}),
+        ("acc4-every", 1, 4, {"gradient_sync": "every_microbatch"}),
+        ("acc4-fp32-fp4", 1, 4, {"fp4_weight_dtype": "float32"}),
+    ):
+        cfg = TrainConfig(
+            run_dir=str(tmp_path / "plan"), model="dense_debug", recipe=recipe, seed=5, steps=2,
+            micro_batch=micro_batch, accumulation=accumulation, data=None, **BF16, **extra,
+        )  # fmt: skip
+        shell, _ = build_shell(cfg, cfg.resolved_recipe(), world_size=2)
+        planned = collectives.step_collectives(shell, cfg, 2)
+        logged = _logged_bytes(tmp_path / f"{name}.collectives", step=1, world_size=2)
+        assert (planned.all_gathers, planned.reduce_scatters) == (
+            sum(gathers[name][0].values()),
+            sum(reduce_scatters[name][0].values()),
+        ), name
+        assert (planned.all_gather_bytes, planned.reduce_scatter_bytes) == logged, name
+
+
+def _logged_bytes(log: Path, *, step: int, world_size: int) -> tuple[int, int]:
+    """(all-gather bytes, reduce-scatter bytes) of one step as rank 0 logged them, each as its full buffer: an
+    all-gather's output, a reduce-scatter's output (one shard) times the world size."""
+    size = {"torch.float32": 4, "torch.bfloat16": 2}
+    gathered = scattered = 0
+    for line in Path(f"{log}.0.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["step"] != step:
+            continue
+        if record["op"] == "all_gather_single":
+            gathered += record["numel"] * size[record["dtype"]]
+        elif record["op"] == "reduce_scatter_single":
+            scattered += record["numel"] * world_size * size[record["dtype"]]
+    return gathered, scattered
 
 
 @pytest.mark.slow

@@ -516,6 +516,7 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("results/identify/grid_control/*", "grid_control"),
     ("results/throughput/*", "throughput"),
     ("results/conformance/*", "conformance"),
+    ("results/plan/*", "plan"),
 )
 """The rule that writes each part of ``results/`` (a figure notebook run by hand names it for a missing input)."""
 

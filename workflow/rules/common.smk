@@ -22,6 +22,9 @@ from ue5m3.identify.parity import ParityConfig
 from ue5m3.identify.run import WitnessConfig
 from ue5m3 import stages
 from ue5m3.pipeline import jobs
+from ue5m3.data import hub
+from ue5m3.plan import run as plan_stage
+from snakemake.exceptions import WorkflowError
 
 validate(config, "../schemas/config.schema.yaml")
 pipeline.check_files(workflow.configfiles)
@@ -207,6 +210,18 @@ def fetched_tokenizer():
 def tokenizer_record():
     """The record of the fetched tokenizer (repository, commit, file, SHA-256 and size)."""
     return result_path("data", "tokenizer_source.json")
+
+
+HUB_DATA = bool(hub.hub_uris(PIPELINE.data))
+
+
+def staged_data_record():
+    return str(Path(jobs.staging_dir(PIPELINE)) / "staged.json")
+
+
+def staged_data():
+    """The record of the staged hub files (rule stage_data), an input of the preparation jobs; none without hub URIs."""
+    return [staged_data_record()] if HUB_DATA else []
 
 
 def data_part_record(part):
@@ -416,3 +431,58 @@ def throughput_outputs(name):
 def throughput_settings(wildcards):
     """The run's ThroughputConfig fields as JSON (`ue5m3 throughput` loads them strictly)."""
     return as_json(jobs.throughput_settings(PIPELINE, wildcards.throughput_run))
+
+
+# ----- the plan: training jobs checked and sized before they are submitted --------------------------------
+
+
+def planned_run(wildcards):
+    """The plan (an input of every training job): raises, naming the numbers, when the plan refuses the job."""
+    plan_csv = checkpoints.plan.get().output.plan
+    name = jobs.plan_job_name(wildcards.group, wildcards.variant, wildcards.seed)
+    reason = plan_stage.refusal(plan_stage.read_plan(plan_csv), name)
+    if reason:
+        raise WorkflowError(
+            f"{name}: not submitted, the plan refuses it: {reason}. See {plan_csv}; change the run's placement "
+            f"(nodes, gpus_per_node, partition), its memory settings or the plan section's budget."
+        )
+    return plan_csv
+
+
+def _planned(resource, group):
+    def of(wildcards, input):
+        name = jobs.plan_job_name(group, wildcards.variant, wildcards.seed)
+        sized = plan_stage.job_resources(plan_stage.read_plan(input.plan), name)
+        if resource == "slurm_extra":
+            return jobs.training_slurm_extra(sized["signal_margin"])
+        return sized[resource]
+
+    return of
+
+
+def training_resources(group):
+    """The resources of a training rule's jobs: a CPU section's are the profile's (its partition from the
+    execution); a GPU section's nodes and GPUs are its own, one torchrun per node, and its time limit and signal
+    margin the plan's."""
+    section = TRAINING if group == "main" else CONTROL
+    if not section.gpus_per_node:
+        return {"slurm_partition": partition("train")}
+    return {
+        "slurm_partition": lambda wildcards: (
+            TRAINING.native_partition
+            if jobs.run_execution(PIPELINE, group, wildcards.variant) == "native_te"
+            else section.partition
+        ),
+        "nodes": section.nodes,
+        "tasks": section.nodes,
+        "gres": f"gpu:{section.gpus_per_node}",
+        "runtime": _planned("runtime", group),
+        "slurm_extra": _planned("slurm_extra", group),
+    }
+
+
+def training_retries(group):
+    """Resubmissions of a GPU section's jobs: the plan's budget (it refuses a run needing more jobs); a CPU
+    section's: the profile's (None)."""
+    section = TRAINING if group == "main" else CONTROL
+    return PIPELINE.plan.max_jobs_per_run - 1 if section.gpus_per_node else None

@@ -31,12 +31,36 @@ if PIPELINE.tokenizer_source is not None:
             "ue5m3 fetch-tokenizer --config {params.config:q} --out {output.tokenizer} --record {output.record} > {log} 2>&1"
 
 
+# The files of the data config's pinned hf:// URIs downloaded into <data_dir>/hub with their SHA-256 (a local rule:
+# compute nodes may lack internet); the preparation jobs read these copies, never the hub. A config without hub URIs
+# stages nothing.
+if HUB_DATA:
+
+    localrules:
+        stage_data,
+
+    rule stage_data:
+        output:
+            staged_data_record(),
+        log:
+            log_path("data", "stage_data.log"),
+        conda:
+            "../envs/cpu.yaml"
+        params:
+            source=source_hash("ue5m3.data.hub"),
+            config=stage_config("data"),
+            staging_dir=jobs.staging_dir(PIPELINE),
+        shell:
+            "ue5m3 stage-data --config {params.config:q} --staging-dir {params.staging_dir} --record {output} > {log} 2>&1"
+
+
 # The data preparation in data.prepare_parts parallel jobs (one per part of the input files), then a merge into
 # the prepared data; the bytes, and so every run's identity, are the same for every part count (docs/data.md).
 rule prepare_data_part:
     """One part of the data preparation: its input units read, tokenized and written as token shards."""
     input:
         fetched_tokenizer(),
+        staged_data(),
     output:
         data_part_record("{part}"),
     log:
@@ -49,7 +73,7 @@ rule prepare_data_part:
         "../envs/cpu.yaml"
     params:
         source=source_hash("ue5m3.data.parts"),
-        config=stage_config("data"),
+        config=as_json(jobs.prepare_data_settings(PIPELINE)),
     shell:
         "ue5m3 prepare-data --config {params.config:q} --part {wildcards.part} --out {output} > {log} 2>&1"
 
@@ -66,7 +90,7 @@ rule prepare_data:
         "../envs/cpu.yaml"
     params:
         source=source_hash("ue5m3.data.build"),
-        config=stage_config("data"),
+        config=as_json(jobs.prepare_data_settings(PIPELINE)),
     shell:
         "ue5m3 merge-data --config {params.config:q} --out {output} {input} > {log} 2>&1"
 
@@ -91,6 +115,8 @@ rule train_run:
     input:
         config=rules.train_config.output,
         data=rules.prepare_data.output,
+        # the plan: a job it refuses is never submitted; its time limit and signal margin come from it
+        plan=planned_run,
     output:
         result_path("train", "{group}", "{variant}", "seed{seed}", "final.json"),
     log:
@@ -100,9 +126,11 @@ rule train_run:
     conda:
         environment("train")
     threads: 1
+    retries: training_retries("main")
     resources:
-        # native_te runs (training.execution) on the Blackwell partition; they fail closed elsewhere
-        slurm_partition=partition("train"),
+        # GPU runs: the section's nodes and GPUs, the plan's time limit and signal; native_te runs on the
+        # Blackwell partition (they fail closed elsewhere)
+        **training_resources("main"),
     params:
         source=source_hash("ue5m3.training.loop"),
         launcher=launcher_command,
@@ -110,11 +138,14 @@ rule train_run:
         "OMP_NUM_THREADS={threads} {params.launcher} train --config {input.config} > {log} 2>&1"
 
 
-# The override control (the paper's 350M model) as a rule of its own, so that a profile sizes it apart from the
-# 8B runs (cluster/config.yaml: one 4-GPU node).
+# The override control (the paper's 350M model) as a rule of its own, placed by its own section (control: one
+# 4-GPU node in config/paper.yaml) and planned apart from the 8B runs.
 use rule train_run as train_control with:
     wildcard_constraints:
         group="control",
+    retries: training_retries("control")
+    resources:
+        **training_resources("control"),
 
 
 rule training_summary:

@@ -68,7 +68,25 @@ def _conformance(args: argparse.Namespace) -> int:
     return argtypes.print_paths(conformance.run(cfg, args.out_dir))
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from ue5m3.plan import run as plan
+
+    cfg = argtypes.load_stage_config(plan.PlanConfig, args.config)
+    return argtypes.print_paths(plan.run(cfg, args.out_dir))
+
+
 def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="every GPU job of the pipeline against the GPUs its partition may hold: memory, collectives, budget",
+        description="Write plan.csv (per job and GPU type: the per-rank memory terms counted on the meta device, "
+        "whether they fit, the collectives per step, the step time, the jobs and retries the run needs) and "
+        "plan.json (its provenance). Nothing runs on a GPU; an 8B recipe plans in about a minute.",
+    )
+    argtypes.add_config_option(p, "ue5m3.plan.run.PlanConfig")
+    p.add_argument("--out-dir", required=True, help="directory for the plan")
+    verbs["plan"] = _plan
+
     p = sub.add_parser(
         "conformance",
         help="the FP4 conformance matrix: every installed peer implementation against this one on one corpus",

@@ -61,6 +61,20 @@ def _merge_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage_data(args: argparse.Namespace) -> int:
+    from ue5m3.artifacts import provenance, write_json
+    from ue5m3.data import DataConfig
+    from ue5m3.data.hub import hub_uris, stage_files
+
+    data = argtypes.load_stage_config(DataConfig, args.config)
+    uris = hub_uris(data)
+    staged = stage_files(uris, args.staging_dir)
+    write_json(args.record, provenance("stage-data", {"uris": uris, "staging_dir": args.staging_dir}, files=staged))
+    count = sum(len(entry["files"]) for entry in staged.values())
+    print(f"{count} files of {len(uris)} hub URIs staged under {args.staging_dir}; record: {args.record}")
+    return 0
+
+
 def _fetch_tokenizer(args: argparse.Namespace) -> int:
     from ue5m3.artifacts import provenance, write_json
     from ue5m3.data.hub import TokenizerSource, fetch_tokenizer
@@ -136,6 +150,19 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     p.add_argument("--out", required=True, help="where the tokenizer file goes (data.tokenizer_path)")
     p.add_argument("--record", required=True, help="the record to write (JSON: repository, commit, SHA-256, size)")
     verbs["fetch-tokenizer"] = _fetch_tokenizer
+
+    p = sub.add_parser(
+        "stage-data",
+        help="download the files of the data config's pinned hf:// URIs into a local folder, with their SHA-256",
+        description="Download every file that the data config's hf://datasets/<owner>/<name>@<commit>/<glob> URIs "
+        "name (huggingface_hub, on a machine with internet: the login node) into --staging-dir, one folder per "
+        "repository and commit, and write a record of each file's size and SHA-256. The preparation jobs then read "
+        "the local copies. An unpinned URI, or one that matches no file, is refused before anything is recorded.",
+    )
+    argtypes.add_config_option(p, "ue5m3.data.DataConfig", required=True)
+    p.add_argument("--staging-dir", required=True, help="the local folder (<data_dir>/hub)")
+    p.add_argument("--record", required=True, help="the record to write (JSON)")
+    verbs["stage-data"] = _stage_data
 
     p = sub.add_parser(
         "train-config",

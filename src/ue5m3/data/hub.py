@@ -9,6 +9,10 @@ source (it trains its own BPE offline), so nothing is downloaded there.
 
 :func:`unpinned_hub_uris` lists the ``hf://`` data URIs that name no commit (``hf://datasets/<org>/<name>@<commit>/...``);
 the pipeline check refuses them, so the OLMo-mix files read are those of one revision.
+
+:func:`stage_files` (rule ``stage_data``, a local rule: compute nodes may have no internet) downloads the files every
+pinned ``hf://`` data URI names into ``<data_dir>/hub`` and records each file's SHA-256; the preparation jobs then read
+those local copies (:func:`staged_path` maps each URI to its local glob), never the hub.
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ from typing import Any
 
 from ue5m3 import artifacts, config
 
-__all__ = ["TokenizerSource", "fetch_tokenizer", "unpinned_hub_uris", "COMMIT"]
+__all__ = [
+    "TokenizerSource",
+    "fetch_tokenizer",
+    "unpinned_hub_uris",
+    "hub_uris",
+    "staged_path",
+    "stage_files",
+    "COMMIT",
+]
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 """A full git commit hash: the only revision accepted (a branch or tag can move)."""
@@ -137,3 +149,68 @@ def unpinned_hub_uris(uris: Iterable[str]) -> list[str]:
         if revision is None or not COMMIT.fullmatch(revision[1:]):
             unpinned.append(uri)
     return unpinned
+
+
+_DATA_URI = re.compile(r"hf://datasets/(?P<repo>[\w.-]+/[\w.-]+)@(?P<revision>[0-9a-f]{40})/(?P<pattern>.+)")
+
+
+def hub_uris(data: Any) -> list[str]:
+    """The ``hf://`` URIs among a data config's stream files (a :class:`~ue5m3.data.config.DataConfig`)."""
+    return [u for key in ("stream_a_files", "stream_b_files") for u in getattr(data, key) if u.startswith("hf://")]
+
+
+def _parse(uri: str) -> re.Match[str]:
+    found = _DATA_URI.fullmatch(uri)
+    if found is None:
+        raise ValueError(
+            f"{uri!r}: stage only pinned dataset URIs, hf://datasets/<owner>/<name>@<40-digit commit>/<path or glob>"
+        )
+    return found
+
+
+def staged_path(uri: str, staging_dir: str | Path) -> str:
+    """Where :func:`stage_files` puts the files of ``uri``: the same path or glob under ``staging_dir`` (one folder
+    per repository and commit)."""
+    found = _parse(uri)
+    return str(Path(staging_dir) / found["repo"] / found["revision"] / found["pattern"])
+
+
+def stage_files(uris: Iterable[str], staging_dir: str | Path, *, download: Any = None) -> dict[str, Any]:
+    """Download the files of each pinned dataset URI into ``staging_dir`` (:func:`staged_path`) and return a record
+    of them: per URI, each local file with its size and SHA-256.
+
+    Args:
+        uris: ``hf://datasets/<owner>/<name>@<commit>/<path or glob>`` URIs.
+        staging_dir: the local folder the preparation reads (``<data_dir>/hub``).
+        download: ``huggingface_hub.snapshot_download`` or a stand-in with its signature (tests).
+
+    Raises:
+        ValueError: a URI that names no commit, or one whose pattern matches no file of the repository at that commit
+            (nothing of it is recorded).
+        ImportError: ``huggingface_hub`` is not installed.
+    """
+    uris = list(uris)
+    parsed = [_parse(uri) for uri in uris]  # every URI checked before anything is downloaded
+    if download is None:
+        try:
+            from huggingface_hub import snapshot_download as download
+        except ImportError as exc:
+            raise ImportError(f"staging hub data needs huggingface_hub; {_INSTALL_HINT}") from exc
+    record: dict[str, Any] = {}
+    for uri, found in zip(uris, parsed, strict=True):
+        local = Path(staging_dir) / found["repo"] / found["revision"]
+        download(
+            repo_id=found["repo"],
+            repo_type="dataset",
+            revision=found["revision"],
+            allow_patterns=[found["pattern"]],
+            local_dir=str(local),
+        )
+        files = sorted(p for p in local.glob(found["pattern"]) if p.is_file())
+        if not files:
+            raise ValueError(f"{uri!r} matched no file of {found['repo']} at {found['revision']}")
+        record[uri] = {
+            "local": staged_path(uri, staging_dir),
+            "files": [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files],
+        }
+    return record

@@ -168,6 +168,40 @@ def _check_jobs(cfg: PipelineConfig, problems: _Problems) -> None:
     _check_identification(cfg, problems)
     _check_parity_backends(cfg, problems)
     _check_throughput(cfg, problems)
+    _check_placement(cfg, problems)
+
+
+def _check_placement(cfg: PipelineConfig, problems: _Problems) -> None:
+    """Every GPU job names a partition whose GPU types the plan knows (``plan.partitions``), and a section's world
+    size divides its global batch, before the plan or any job runs."""
+    known = sorted(cfg.plan.partitions)
+    wanted = [("training", cfg.training), ("control", cfg.control)]
+    for key, section in wanted:
+        if not section.gpus_per_node:
+            continue
+        partitions = [("partition", section.partition)]
+        if key == "training" and any(e == "native_te" for e in cfg.training.execution.values()):
+            partitions.append(("native_partition", cfg.training.native_partition))
+        for field_name, partition in partitions:
+            if partition is None:
+                problems.add(f"{key}.{field_name}", "GPU runs (gpus_per_node > 0) need the partition of their GPUs")
+            elif partition not in cfg.plan.partitions:
+                problems.add(
+                    f"{key}.{field_name}",
+                    f"partition {partition!r} is not in plan.partitions ({known}): name the GPU types it may hold, "
+                    "so the plan can check the runs against them",
+                )
+        world = section.nodes * section.gpus_per_node
+        if section.global_batch and section.global_batch % (world * section.micro_batch):
+            problems.add(
+                f"{key}.global_batch",
+                f"{section.global_batch} sequences do not split over {world} GPUs of micro-batch {section.micro_batch}",
+            )
+    for name, run in cfg.throughput.runs.items():
+        if run.on_gpu and run.partition and run.partition not in cfg.plan.partitions:
+            problems.add(
+                f"throughput.runs.{name}.partition", f"partition {run.partition!r} is not in plan.partitions ({known})"
+            )
 
 
 def _check_hub_pins(cfg: PipelineConfig, problems: _Problems) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ue5m3 import config
-from ue5m3.pipeline.sections import RUN_KEYS, PipelineConfig
+from ue5m3.pipeline.sections import RUN_KEYS, RUN_OPTIONAL_KEYS, PipelineConfig
 
 __all__ = [
     "CONTROL_VARIANTS",
@@ -30,6 +30,12 @@ __all__ = [
     "launcher",
     "signal_margin_s",
     "LAUNCHER_FIELDS",
+    "plan_config",
+    "staging_dir",
+    "prepare_data_settings",
+    "training_slurm_extra",
+    "plan_job_name",
+    "PLANNED_RULES",
 ]
 
 CONTROL_VARIANTS = ("t448", "override")
@@ -40,6 +46,22 @@ GROUPS = ("main", "control")
 def run_dir(cfg: PipelineConfig, group: str, variant: str, seed: int | str) -> str:
     """results/train/{group}/{variant}/seed{seed}: checkpoints, metrics and final.json of one run."""
     return os.path.join(cfg.results_dir, "train", group, variant, f"seed{seed}")
+
+
+def staging_dir(cfg: PipelineConfig) -> str:
+    """Where rule ``stage_data`` puts the files of the data config's ``hf://`` URIs: ``<data_dir>/hub``."""
+    return os.path.join(cfg.data.data_dir, "hub")
+
+
+def prepare_data_settings(cfg: PipelineConfig) -> dict[str, Any]:
+    """The data config the preparation jobs read: every ``hf://`` URI replaced by its staged local copy (rule
+    ``stage_data`` downloads them on the login node), so that no compute job reaches the hub."""
+    from ue5m3.data.hub import staged_path
+
+    data = config.dump(cfg.data)
+    for key in ("stream_a_files", "stream_b_files"):
+        data[key] = [staged_path(u, staging_dir(cfg)) if u.startswith("hf://") else u for u in data[key]]
+    return data
 
 
 def _control_overrides(cfg: PipelineConfig, variant: str) -> dict[str, Any]:
@@ -75,6 +97,7 @@ def run_settings(cfg: PipelineConfig, group: str, variant: str, seed: int | str)
         "data": config.dump(cfg.data),
         "restart_on_change": True,  # a run directory of changed settings is moved aside, never mixed
         **{key: config.dump(getattr(section, key)) for key in RUN_KEYS},
+        **{key: config.dump(getattr(section, key)) for key in RUN_OPTIONAL_KEYS if getattr(section, key) is not None},
     }
 
 
@@ -143,6 +166,12 @@ def signal_margin_s(resources: Mapping[str, Any]) -> int:
     return int(found[-1] or 60)  # the last --signal wins, as on sbatch's command line
 
 
+def training_slurm_extra(signal_margin_minutes: int) -> str:
+    """The ``slurm_extra`` of a GPU training job: the whole nodes, one task (torchrun) per node, and SIGTERM to every
+    process of the step the plan's signal margin before the time limit (quoted for the SLURM plugin's shell)."""
+    return f"'--exclusive --ntasks-per-node=1 --signal=TERM@{int(signal_margin_minutes) * 60}'"
+
+
 def launcher(template: str, resources: Mapping[str, Any]) -> str:
     """A training job's launch command from the config's ``launcher`` template and the job's resources.
 
@@ -162,3 +191,92 @@ def launcher(template: str, resources: Mapping[str, Any]) -> str:
     tasks = int(resources.get("tasks") or nodes)
     margin = signal_margin_s(resources)
     return template.format(nodes=nodes, tasks=tasks, procs_per_node=int(procs or 1), signal_margin_s=margin)
+
+
+PLANNED_RULES = {"main": "train_run", "control": "train_control"}
+"""The training rules whose jobs the plan checks before they are submitted (by run group)."""
+
+
+def plan_job_name(group: str, variant: str, seed: int | str) -> str:
+    """A training job's name in the plan: ``<rule>/<group>/<variant>/seed<seed>``."""
+    return f"{PLANNED_RULES[group]}/{group}/{variant}/seed{seed}"
+
+
+def plan_config(cfg: PipelineConfig) -> dict[str, Any]:
+    """The ``--config`` of ``ue5m3 plan``: the ``plan`` section and every GPU-sized job of the pipeline (each
+    training run of both groups, placed as its section says, each scale snapshot and each throughput run on a GPU)."""
+    planned = []
+    for group, section in (("main", cfg.training), ("control", cfg.control)):
+        variants = cfg.training.recipes if group == "main" else CONTROL_VARIANTS
+        for variant in variants:
+            native = run_execution(cfg, group, variant) == "native_te"
+            for seed in section.seeds:
+                settings = run_settings(cfg, group, variant, seed)
+                planned.append(
+                    {
+                        "name": plan_job_name(group, variant, seed),
+                        "rule": PLANNED_RULES[group],
+                        "kind": "train",
+                        "settings": settings,
+                        "sequence_length": cfg.data.sequence_length,
+                        "steps": section.steps,
+                        "nodes": section.nodes,
+                        "gpus_per_node": section.gpus_per_node,
+                        "partition": cfg.training.native_partition if native else section.partition,
+                        "native": native,
+                    }
+                )
+    evaluation, seed = cfg.evaluation, cfg.training.seeds[0]
+    for recipe in evaluation.snapshot_recipes:  # one BF16 forward and backward of the checkpoint, every block
+        planned.append(  # recomputed (ue5m3.evaluation.snapshot.run_snapshot), on one GPU or the CPU
+            {
+                "name": f"scale_snapshot/{recipe}/seed{seed}",
+                "rule": "scale_snapshot",
+                "kind": "snapshot",
+                "settings": {
+                    "run_dir": run_dir(cfg, "main", recipe, seed),
+                    "model": cfg.training.model,
+                    "model_overrides": dict(cfg.training.model_overrides),
+                    "recipe": "bf16",
+                    "seed": seed,
+                    "steps": 1,
+                    "micro_batch": 1,
+                    "accumulation": 1,
+                    "data": config.dump(cfg.data),
+                    "activation_checkpointing": "every_block",
+                },
+                "sequence_length": cfg.data.sequence_length,
+                "steps": 1,
+                "gpus_per_node": evaluation.gpus,
+                "partition": evaluation.partition if evaluation.gpus else None,
+            }
+        )
+    tp = cfg.throughput
+    for name, entry in tp.runs.items():
+        if not entry.on_gpu:
+            continue
+        planned.append(
+            {
+                "name": f"throughput/{name}",
+                "rule": "throughput",
+                "kind": "throughput",
+                "settings": {
+                    "run_dir": os.path.join(cfg.results_dir, "throughput", name),
+                    "model": tp.model,
+                    "model_overrides": dict(tp.model_overrides),
+                    "recipe": "bf16",
+                    "seed": tp.seed,
+                    "steps": tp.warmup_steps + tp.measured_steps,
+                    "micro_batch": tp.batch_size,
+                    "accumulation": 1,
+                    "data": {**config.dump(cfg.data), "sequence_length": tp.sequence_length},
+                },
+                "sequence_length": tp.sequence_length,
+                "steps": tp.measured_steps,
+                "gpus_per_node": 1,
+                "partition": entry.partition,
+                "native": entry.execution == "native_te",
+                "throughput_recipes": list(entry.recipes),
+            }
+        )
+    return config.dump({**config.dump(cfg.plan), "jobs": planned})

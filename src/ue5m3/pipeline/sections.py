@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from ue5m3.config import Range
 from ue5m3.conformance.run import ConformanceConfig
 from ue5m3.data import DataConfig
 from ue5m3.data.hub import TokenizerSource
@@ -36,7 +37,8 @@ from ue5m3.identify.parity import ParityConfig
 from ue5m3.identify.probes import CorpusConfig
 from ue5m3.identify.run import WitnessConfig
 from ue5m3.layers.native_te import Execution
-from ue5m3.training.config import OptimConfig
+from ue5m3.plan.run import PlanSettings
+from ue5m3.training.config import OptimConfig, TrainConfig
 
 __all__ = [
     "TrainingSection",
@@ -49,11 +51,76 @@ __all__ = [
     "ThroughputRun",
     "ThroughputSection",
     "PipelineConfig",
+    "RunPlacement",
     "RUN_KEYS",
+    "RUN_OPTIONAL_KEYS",
 ]
 
 RUN_KEYS = ("steps", "micro_batch", "accumulation", "log_every", "checkpoint_every", "keep_every", "optim")
 """The run settings a training section passes to each of its runs' :class:`~ue5m3.training.config.TrainConfig`."""
+
+RUN_OPTIONAL_KEYS = (
+    "global_batch",
+    "checkpoint_every_minutes",
+    "activation_checkpointing",
+    "checkpoint_kinds",
+    "ssd_groups_per_pass",
+    "loss_chunk",
+    "param_dtype",
+    "fp4_weight_dtype",
+    "gradient_sync",
+    "fsdp_reshard_after_forward",
+    "fsdp_prefetch",
+)
+"""The run settings a training section may set for its runs (null or absent: the run's default, which lives in
+:class:`~ue5m3.training.config.TrainConfig` alone): batch, wall-time checkpoints, memory and FSDP2."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlacement:
+    """Where a training section's runs run and how their memory is spent (both training sections share these).
+
+    Attributes:
+        nodes: nodes of each run's job.
+        gpus_per_node: GPUs per node (0: the run is a CPU job, placed by the profile).
+        partition: the SLURM partition of the GPU runs (required when ``gpus_per_node`` > 0; the plan checks the
+            GPU types ``plan.partitions`` says it may hold).
+        global_batch ... fsdp_prefetch: :data:`RUN_OPTIONAL_KEYS`, passed to every run when set (their meaning and
+            defaults: :class:`~ue5m3.training.config.TrainConfig`).
+    """
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    partition: str | None = None
+    global_batch: int | None = None
+    checkpoint_every_minutes: float | None = None
+    activation_checkpointing: str | None = None
+    checkpoint_kinds: tuple[str, ...] | None = None
+    ssd_groups_per_pass: int | None = None
+    loss_chunk: int | None = None
+    param_dtype: str | None = None
+    fp4_weight_dtype: str | None = None
+    gradient_sync: str | None = None
+    fsdp_reshard_after_forward: str | None = None
+    fsdp_prefetch: int | None = None
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "nodes": Range(1, 4096, note="nodes of each run's job; the paper: 8"),
+        "gpus_per_node": Range(0, 64, note="GPUs per node, 0: a CPU job; the paper: 4"),
+        **{key: TrainConfig.RANGES[key] for key in RUN_OPTIONAL_KEYS if key in TrainConfig.RANGES},
+    }
+
+    def _check_placement(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"nodes: at least 1, got {self.nodes!r}")
+        if self.gpus_per_node < 0:
+            raise ValueError(f"gpus_per_node: 0 (a CPU job) or more, got {self.gpus_per_node!r}")
+        if self.nodes > 1 and not self.gpus_per_node:
+            raise ValueError(f"nodes: {self.nodes} nodes of CPU jobs; multi-node runs are GPU runs (gpus_per_node)")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * max(self.gpus_per_node, 1)
 
 
 def _check_seeds(seeds: tuple[int, ...]) -> None:
@@ -67,7 +134,7 @@ def _check_seeds(seeds: tuple[int, ...]) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainingSection:
+class TrainingSection(RunPlacement):
     """The main training runs (paper sections 7.1-7.3, experiments spec sections 1-2): one run per recipe and seed,
     each with the run settings below (their defaults and checks: :class:`~ue5m3.training.config.TrainConfig`).
 
@@ -87,6 +154,7 @@ class TrainingSection:
             Engine NVFP4 on the Blackwell partition); a recipe not named here runs emulated.
         native_partition: the SLURM partition of the ``native_te`` runs.
         summary: the training summaries' final window and smoothing (both groups of runs).
+        nodes, gpus_per_node, partition and the optional run settings: :class:`RunPlacement`.
     """
 
     model: str
@@ -110,13 +178,14 @@ class TrainingSection:
         if len(set(self.recipes)) != len(self.recipes):
             raise ValueError(f"recipes: duplicate recipes {list(self.recipes)!r}")
         _check_seeds(self.seeds)
+        self._check_placement()
         for recipe in self.execution:
             if recipe not in self.recipes:
                 raise ValueError(f"execution.{recipe}: names no run (recipes: {list(self.recipes)})")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ControlSection:
+class ControlSection(RunPlacement):
     """The T = 2048 override control (paper section 5.2, the 350M dense model): the recipe with and without the
     target override, one run per variant and seed.
 
@@ -134,6 +203,7 @@ class ControlSection:
         checkpoint_every: steps between checkpoints.
         keep_every: checkpoints at multiples of this step are kept (0: none).
         optim: AdamW and its schedule.
+        nodes, gpus_per_node, partition and the optional run settings: :class:`RunPlacement`.
     """
 
     model: str
@@ -151,6 +221,7 @@ class ControlSection:
 
     def __post_init__(self) -> None:
         _check_seeds(self.seeds)
+        self._check_placement()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +239,8 @@ class EvaluationSection:
         snapshot: the snapshot's settings.
         downstream_recipes: the recipes scored downstream at the last evaluated step, under their policy.
         downstream: the downstream tasks and settings.
+        partition: the SLURM partition of the evaluation jobs (NLL, downstream, snapshot) when they run on a GPU.
+        gpus: GPUs per evaluation job (0: CPU jobs; the snapshot's one forward and backward is planned on them).
     """
 
     steps: tuple[int, ...]
@@ -179,10 +252,16 @@ class EvaluationSection:
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     downstream_recipes: tuple[str, ...]
     downstream: DownstreamConfig
+    partition: str | None = None
+    gpus: int = 0
+
+    RANGES: ClassVar[dict[str, Range]] = {"gpus": Range(0, 1, note="GPUs per evaluation job, 0: a CPU job")}
 
     def __post_init__(self) -> None:
         if not self.steps:
             raise ValueError("steps: at least one checkpoint step, got []")
+        if self.gpus not in (0, 1):
+            raise ValueError(f"gpus: 0 (CPU jobs) or 1 (one GPU per evaluation), got {self.gpus!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,6 +424,7 @@ class PipelineConfig:
         evaluation: the held-out evaluation.
         identification: the emulator identification.
         throughput: the throughput ablation.
+        plan: the GPUs each partition may hold and the job budget the plan checks every GPU job against.
     """
 
     launcher: str = "ue5m3"
@@ -360,6 +440,7 @@ class PipelineConfig:
     evaluation: EvaluationSection
     identification: IdentificationSection
     throughput: ThroughputSection
+    plan: PlanSettings = field(default_factory=PlanSettings)
 
     def __post_init__(self) -> None:
         for key in ("launcher", "results_dir", "figures_dir"):

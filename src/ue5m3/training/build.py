@@ -38,7 +38,7 @@ from ue5m3.training import parallelize
 from ue5m3.training.config import OptimConfig, TrainConfig
 from ue5m3.training.ranks import world
 
-__all__ = ["initial_state", "build_model", "param_groups", "build_optimizer"]
+__all__ = ["initial_state", "build_shell", "build_model", "param_groups", "build_optimizer"]
 
 
 def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
@@ -47,17 +47,23 @@ def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     return models.build(cfg.model, device="cpu", generator=generator, **cfg.model_overrides).state_dict()
 
 
-def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) -> tuple[nn.Module, tuple]:
-    """Meta build -> FP4 conversion -> activation checkpointing -> fully_shard per block and root -> materialise and
-    load init weights.
+def build_shell(
+    cfg: TrainConfig,
+    recipe: recipes.Recipe,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    contexts: parallelize.ContextFn | None = None,
+) -> tuple[nn.Module, tuple]:
+    """Steps 1-3 of the emulated build, on the meta device: the model, its FP4 conversion (SR streams and weight
+    caching as rank ``rank`` of ``world_size`` uses them) and its activation checkpointing (``contexts``: around a
+    checkpointed block's forward pass and its recomputation); nothing sharded or materialised. The trainer
+    continues it (:func:`build_model`); the plan measures it (:mod:`ue5m3.plan`).
 
     ``recipe`` names its layers by absolute index (:meth:`TrainConfig.resolved_recipe`)."""
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
     select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
-    rank, world_size = world()
     shard = parallelize.uses_fsdp(cfg, world_size)
-    if cfg.execution is Execution.NATIVE_TE:
-        return _build_native(cfg, recipe, device, model, list(select))
     # SR bits are Philox streams of (seed, module, role, step, microbatch, global index): the same on any device,
     # thread count or world size (each rank's tokens sit at their place in the global microbatch)
     records = convert(
@@ -69,7 +75,22 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
     set_weight_caching(
         model, WeightCaching.OFF if one_microbatch else WeightCaching.STEP if shard else WeightCaching.VERSION
     )
-    _checkpoint(model, cfg)
+    _checkpoint(model, cfg, contexts)
+    return model, records
+
+
+def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) -> tuple[nn.Module, tuple]:
+    """Meta build -> FP4 conversion -> activation checkpointing (:func:`build_shell`) -> fully_shard per block and
+    root -> materialise and load init weights.
+
+    ``recipe`` names its layers by absolute index (:meth:`TrainConfig.resolved_recipe`)."""
+    rank, world_size = world()
+    if cfg.execution is Execution.NATIVE_TE:
+        model = models.build(cfg.model, device="meta", **cfg.model_overrides)
+        select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
+        return _build_native(cfg, recipe, device, model, list(select))
+    shard = parallelize.uses_fsdp(cfg, world_size)
+    model, records = build_shell(cfg, recipe, rank=rank, world_size=world_size)
     if shard:
         parallelize.apply_fsdp(model, cfg, _converted(records))
     model.to_empty(device=device)

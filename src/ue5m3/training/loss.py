@@ -17,6 +17,8 @@ a run's ``loss_chunk`` is part of its identity.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,7 +79,9 @@ def lm_loss(
     """
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast and device.type == "cuda"):
+    # only CUDA's autocast is entered: the meta device (the plan's counts) has none to construct
+    body = torch.autocast("cuda", dtype=torch.bfloat16) if autocast and device.type == "cuda" else nullcontext()
+    with body:
         if chunk:
             hidden = model(inputs, return_hidden=True)  # [B, T, H]
         else:
