@@ -169,6 +169,31 @@ def test_evaluate_nll_verb_reads_the_runs_data_and_writes_the_result(run, tmp_pa
     assert "force_bf16" in capsys.readouterr().err and not bad.exists()
 
 
+def test_evaluate_nll_of_several_checkpoints_in_one_process_writes_the_bytes_of_one_call_each(run, tmp_path):
+    """Several --step/--out pairs in one process (one import, the held-out windows read once): each output is
+    written as its own call writes it; calibrated_frozen reads the calibration windows too."""
+    run_dir, _ = run
+    config = ["--config", '{"bootstrap_samples": 20}', "--run-dir", str(run_dir), "--policy", "calibrated_frozen"]
+    alone = tmp_path / "alone" / "step2.json"
+    assert cli.main(["evaluate-nll", *config, "--step", "2", "--out", str(alone)]) == 0
+    together = [tmp_path / "together" / name for name in ("a.json", "b.json")]
+    pairs = [arg for out in together for arg in ("--step", "2", "--out", str(out))]
+    assert cli.main(["evaluate-nll", *config, *pairs]) == 0
+    for out in together:
+        assert out.read_bytes() == alone.read_bytes()
+        assert out.with_suffix(".sequences.csv").read_bytes() == alone.with_suffix(".sequences.csv").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "pairs", [["--step", "2", "--out", "a.json", "--out", "b.json"], ["--step", "2", "--step", "2", "--out", "a.json"]]
+)
+def test_evaluate_nll_refuses_steps_and_outputs_that_do_not_pair(run, tmp_path, capsys, pairs):
+    run_dir, _ = run
+    pairs = [str(tmp_path / a) if a.endswith(".json") else a for a in pairs]
+    assert cli.main(["evaluate-nll", "--run-dir", str(run_dir), "--policy", "bf16", *pairs]) == 2
+    assert "one distinct --out per --step" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
 def test_evaluate_nll_help_lists_the_policies(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["evaluate-nll", "--help"])

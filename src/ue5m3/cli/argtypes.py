@@ -69,10 +69,20 @@ def load_stage_config(cls: type[T], text: str | None) -> T:
     return config.load(cls, data, source=source)
 
 
-def add_checkpoint_options(parser: argparse.ArgumentParser, *, policy: bool) -> None:
-    """``--run-dir`` and ``--step`` of a verb that reads one checkpoint (and ``--policy`` when it runs inference)."""
+def add_checkpoint_options(parser: argparse.ArgumentParser, *, policy: bool, many: bool = False) -> None:
+    """``--run-dir`` and ``--step`` of a verb that reads one checkpoint (and ``--policy`` when it runs inference);
+    ``many``: ``--step`` may be given several times (a list, None without one)."""
     parser.add_argument("--run-dir", required=True, help="the training run directory")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    if many:
+        parser.add_argument(
+            "--step",
+            type=int,
+            action="append",
+            default=None,
+            help="checkpoint step, once per --out (default: the newest, for one --out)",
+        )
+    else:
+        parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     if policy:
         parser.add_argument(
             "--policy",

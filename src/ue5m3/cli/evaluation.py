@@ -13,11 +13,25 @@ __all__ = ["add_verbs"]
 
 
 def _evaluate_nll(args: argparse.Namespace) -> int:
+    steps, outs = args.step or [None], args.out
+    if len(steps) != len(outs) or len(set(outs)) != len(outs):
+        raise ValueError(
+            f"--step and --out: one distinct --out per --step (or one --out for the newest checkpoint), got steps "
+            f"{args.step} and outputs {outs}"
+        )
     from ue5m3.evaluation import nll as evaluate
 
     cfg = argtypes.load_stage_config(evaluate.NllConfig, args.config)
-    record = evaluate.run_nll(args.run_dir, args.out, policy=args.policy, step=args.step, cfg=cfg)
-    print(f"NLL {record['nll']:.6f} over {record['tokens']} tokens ({record['policy']}): {args.out}")
+    held_out = {}
+    if len(outs) > 1:  # several checkpoints of the run: its held-out windows read (and verified) once for all
+        from ue5m3.data import open_data
+        from ue5m3.training.config import read_run_config
+
+        opened = open_data(read_run_config(args.run_dir).require_data())
+        held_out = {"validation": opened.validation, "calibration": opened.calibration}
+    for step, out in zip(steps, outs, strict=True):
+        record = evaluate.run_nll(args.run_dir, out, policy=args.policy, step=step, cfg=cfg, **held_out)
+        print(f"NLL {record['nll']:.6f} over {record['tokens']} tokens ({record['policy']}): {out}")
     return 0
 
 
@@ -98,8 +112,14 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
         "evaluation-order intervals.",
     )
     argtypes.add_config_option(p, "ue5m3.evaluation.nll.NllConfig")
-    argtypes.add_checkpoint_options(p, policy=True)
-    p.add_argument("--out", required=True, help="the JSON result (per-sequence sums go next to it)")
+    argtypes.add_checkpoint_options(p, policy=True, many=True)
+    p.add_argument(
+        "--out",
+        required=True,
+        action="append",
+        help="the JSON result (per-sequence sums go next to it); once per --step: the checkpoints are evaluated in "
+        "turn in one process, the run's held-out windows read once",
+    )
     verbs["evaluate-nll"] = _evaluate_nll
 
     p = sub.add_parser(
