@@ -8,8 +8,9 @@ tensor references) of the model at init (``--init``, the default without checkpo
 (``ue5m3.training.checkpoint.load_model_state``), on the CPU. Every FP4 GEMM of every converted linear (fprop
 X @ W^T, dgrad dY @ W, wgrad dY^T @ X) is intercepted with the operands it really gets, and
 :func:`ue5m3.numerics.gemm.probe_paths` counts which of its tile-slices the kernels would send to the exact path
-(the GPU's 128 x 64 output tiles, 64-wide K slices); the GEMM then runs as usual. The tokens are drawn uniformly
-from the vocabulary with a fixed seed (the weights and what they make of any input are what is measured).
+(the GPU's 128 x 64 output tiles unless ``--tiles``, 64-wide K slices); the GEMM then runs as usual. The tokens
+are drawn uniformly from the vocabulary with a fixed seed (the weights and what they make of any input are what is
+measured).
 
 Prints a table per source (exact share per GEMM role, and the layers with the largest shares) and writes every
 layer's count to one JSON file; ``benchmarks/cost_model.py --exact-share FILE`` charges the exact path by it and
@@ -30,7 +31,7 @@ PIPELINE_OVERRIDES = {"vocab_size": 4096, "hybrid_override_pattern": "*-M-M-M-M-
 ROLES = {"fprop_activation": "fprop", "dgrad_upstream_gradient": "dgrad", "wgrad_upstream_gradient": "wgrad"}
 
 
-def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor) -> list[dict]:
+def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor, tiles: tuple[int, int] = (128, 64)) -> list[dict]:
     """Convert ``model`` under ``recipe`` (resolved for it), run one microbatch and return one row per FP4 GEMM:
     layer, GEMM role, shape, tile-slices and how many take the exact path."""
     from ue5m3 import models
@@ -49,7 +50,7 @@ def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor) -> list[dict]:
     def recording(call, a, b, prepared_b=None):
         config = call.policy.gemm
         if config.model.value == "probe_matched":
-            paths = gemm.probe_paths(a[1], b[1], slice_width=config.slice_width)
+            paths = gemm.probe_paths(a[1], b[1], slice_width=config.slice_width, block_m=tiles[0], block_n=tiles[1])
             rows.append(
                 {
                     "layer": names[id(call.weights)],
@@ -57,10 +58,14 @@ def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor) -> list[dict]:
                     "shape": [a[1].shape[0], a[1].shape[1], b[1].shape[1]],
                     "tile_slices": paths.numel(),
                     "exact": int(paths.sum()),
+                    # the fast kernel leaves a tile with any exact slice whole to the exact kernel
+                    "flagged_tile_slices": int(paths.any(-1).sum()) * paths.shape[-1],
                 }
             )
         return original(call, a, b, prepared_b)
 
+    for parameter in model.parameters():  # nothing reads the gradients: each goes as soon as it is made
+        parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     state = find_scale_state(model)
     if state is not None:
         state.begin_step(1)
@@ -75,16 +80,20 @@ def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor) -> list[dict]:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Exact-path share per GEMM role and over all, and the five layers-and-roles with the largest shares."""
-    per_role: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    """Shares of the tile-slices (all weighted alike: the fast kernel's work) on the exact path and in tiles the
+    exact kernel computes, per GEMM role and over all, and the five layers-and-roles with the largest shares."""
+    per_role: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
     for row in rows:
-        per_role[row["gemm"]][0] += row["exact"]
-        per_role[row["gemm"]][1] += row["tile_slices"]
-    exact, total = sum(e for e, _ in per_role.values()), sum(t for _, t in per_role.values())
+        counts = per_role[row["gemm"]]
+        for i, key in enumerate(("exact", "flagged_tile_slices", "tile_slices")):
+            counts[i] += row[key]
+    totals = [sum(c[i] for c in per_role.values()) for i in range(3)]
     top = sorted(rows, key=lambda r: r["exact"] / max(r["tile_slices"], 1), reverse=True)[:5]
     return {
-        "share": exact / max(total, 1),
-        "per_gemm": {role: e / max(t, 1) for role, (e, t) in sorted(per_role.items())},
+        "share": totals[0] / max(totals[2], 1),
+        "flagged_share": totals[1] / max(totals[2], 1),
+        "per_gemm": {role: c[0] / max(c[2], 1) for role, c in sorted(per_role.items())},
+        "flagged_per_gemm": {role: c[1] / max(c[2], 1) for role, c in sorted(per_role.items())},
         "largest": [{**r, "share": r["exact"] / max(r["tile_slices"], 1)} for r in top],
     }
 
@@ -103,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--sequence", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--tiles", type=int, nargs=2, default=(128, 64), help="output rows and columns per tile (the GPU's: 128 64)"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/exact_share.json"))
     args = parser.parse_args(argv)
     from ue5m3 import models
@@ -117,16 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     sources: list[tuple[str, Path | None]] = [("init", None)] if args.init or not args.checkpoint else []
     sources += [(str(path), path) for path in args.checkpoint]
     result = {"model": args.model, "overrides": overrides, "recipe": args.recipe, "tokens": list(tokens.shape)}
+    result["tiles"] = list(args.tiles)
     result["sources"] = {}
     for label, path in sources:
         model = models.build(args.model, device="cpu", generator=torch.Generator().manual_seed(0), **overrides)
         if path is not None:
             model.load_state_dict(checkpoint.load_model_state(path))
-        rows = capture(model, recipes.get(args.recipe).for_model(model_layers(args.model, overrides)), tokens)
+        recipe = recipes.get(args.recipe).for_model(model_layers(args.model, overrides))
+        rows = capture(model, recipe, tokens, tuple(args.tiles))
         result["sources"][label] = {**summarise(rows), "gemms": rows}
         summary = result["sources"][label]
         roles = ", ".join(f"{role} {100 * share:.1f}%" for role, share in summary["per_gemm"].items())
+        flagged = ", ".join(f"{role} {100 * share:.1f}%" for role, share in summary["flagged_per_gemm"].items())
         print(f"{args.model} {label}: exact path on {100 * summary['share']:.2f}% of tile-slices ({roles})")
+        print(f"    in tiles the exact kernel computes: {100 * summary['flagged_share']:.2f}% ({flagged})")
         for row in summary["largest"]:
             print(f"    {row['layer']} {row['gemm']} {row['shape']}: {100 * row['share']:.1f}%")
     args.out.parent.mkdir(parents=True, exist_ok=True)
