@@ -109,6 +109,7 @@ BAD = {
         {"gpus_per_node": 4, "partition": "gpu"},
         "training.partition: partition 'gpu' is not in plan.partitions ([])",
     ),
+    "GPU evaluations without a partition": ("evaluation.gpus", 1, "evaluation.partition: evaluations on a GPU"),
     "multi-node CPU runs": ("control.nodes", 2, "control.nodes: 2 nodes of CPU jobs"),
     "unknown GPU type": ("plan", {"partitions": {"gpu": ["A100"]}}, "plan.partitions.gpu[0]: unknown GPU type 'A100'"),
 }

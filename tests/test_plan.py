@@ -210,3 +210,12 @@ def test_a_measured_step_time_replaces_the_estimate(tmp_path):
     assert cost.measured_seconds([record], "H200", "nemotron_h_8b", "ue5m3_b16", 8192) == 1.25
     assert cost.measured_seconds([record], "H100", "nemotron_h_8b", "ue5m3_b16", 8192) is None
     assert cost.measured_seconds([record], "H200", "nemotron_h_8b", "bf16", 8192) is None
+
+
+def test_a_snapshot_holds_gradients_only_of_the_blocks_its_hooks_need(tmp_path):
+    """The scale snapshot's pass (every block recomputed, no optimizer): FP32 weights of the whole model, gradients
+    of the blocks from the first hooked down projection on (ue5m3.evaluation.snapshot), far less than all."""
+    job = _job("scale_snapshot/ue5m3_b16/seed1", rule="scale_snapshot", kind="snapshot", gpus_per_node=1)
+    job["settings"] = {**job["settings"], "recipe": "bf16", "activation_checkpointing": "every_block"}
+    terms, basis, _ = plan._memory(config_loader.load(plan.PlanJob, job, source="test"))
+    assert terms.optimizer == 0 and 0 < terms.gradients < terms.parameters and "hooked" in basis

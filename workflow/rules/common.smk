@@ -103,6 +103,8 @@ def _gpu_job(kind, wildcards):
     if kind == "train":
         native = jobs.run_execution(PIPELINE, wildcards.group, wildcards.variant) == "native_te"
         return (TRAINING.native_partition, 0) if native else None
+    if kind == "evaluation":  # NLL, downstream and the snapshot: the evaluation section's GPUs, else CPU jobs
+        return (EVALUATION.partition, EVALUATION.gpus) if EVALUATION.gpus else None
     if kind == "fit":
         fit = IDENT.fits[wildcards.fit]
         return (fit.partition, 1) if fit.on_hardware else None

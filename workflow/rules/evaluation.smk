@@ -21,8 +21,11 @@ rule evaluate_nll:
             "eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.tsv"
         )
     conda:
-        "../envs/cpu.yaml"
+        environment("evaluation")
     threads: 1
+    resources:
+        slurm_partition=partition("evaluation"),
+        gres=gres("evaluation"),
     params:
         source=source_hash("ue5m3.evaluation.nll"),
         config=nll_config(),
@@ -45,7 +48,10 @@ rule scale_snapshot:
     benchmark:
         benchmark_path("eval", "snapshot", "{recipe}", "seed{seed}.tsv")
     conda:
-        "../envs/cpu.yaml"
+        environment("evaluation")
+    resources:
+        slurm_partition=partition("evaluation"),
+        gres=gres("evaluation"),
     params:
         source=source_hash("ue5m3.evaluation.snapshot"),
         config=stage_config("evaluation/snapshot"),
@@ -96,8 +102,11 @@ rule evaluate_downstream:
             "{policy}.tsv",
         )
     conda:
-        "../envs/cpu.yaml"
+        environment("evaluation")
     threads: 1
+    resources:
+        slurm_partition=partition("evaluation"),
+        gres=gres("evaluation"),
     params:
         source=source_hash("ue5m3.evaluation.olmes"),
         config=downstream_config(),

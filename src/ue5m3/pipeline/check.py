@@ -197,6 +197,15 @@ def _check_placement(cfg: PipelineConfig, problems: _Problems) -> None:
                 f"{key}.global_batch",
                 f"{section.global_batch} sequences do not split over {world} GPUs of micro-batch {section.micro_batch}",
             )
+    if cfg.evaluation.gpus and cfg.evaluation.partition is None:
+        problems.add(
+            "evaluation.partition", "evaluations on a GPU (evaluation.gpus 1) need the partition of their GPUs"
+        )
+    elif cfg.evaluation.gpus and cfg.evaluation.partition not in cfg.plan.partitions:
+        problems.add(
+            "evaluation.partition",
+            f"partition {cfg.evaluation.partition!r} is not in plan.partitions ({known})",
+        )
     for name, run in cfg.throughput.runs.items():
         if run.on_gpu and run.partition and run.partition not in cfg.plan.partitions:
             problems.add(

@@ -16,6 +16,7 @@ from typing import Any
 
 from ue5m3 import config
 from ue5m3.pipeline.sections import RUN_KEYS, RUN_OPTIONAL_KEYS, PipelineConfig
+from ue5m3.training.loss import HEAD_CHUNK
 
 __all__ = [
     "CONTROL_VARIANTS",
@@ -244,6 +245,7 @@ def plan_config(cfg: PipelineConfig) -> dict[str, Any]:
                     "accumulation": 1,
                     "data": config.dump(cfg.data),
                     "activation_checkpointing": "every_block",
+                    "loss_chunk": HEAD_CHUNK,
                 },
                 "sequence_length": cfg.data.sequence_length,
                 "steps": 1,

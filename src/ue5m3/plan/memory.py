@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +101,7 @@ def static_terms(model: nn.Module, cfg: TrainConfig, world_size: int, *, optimiz
     if not parallelize.uses_fsdp(cfg, world_size):
         ddp = world_size > 1
         return {
-            "parameters": full,
+            "parameters": sum(p.numel() for p in model.parameters()) * FP32,  # frozen ones too (a snapshot's)
             "gradients": full * (2 if ddp else 1),  # DDP's buckets hold a second copy of the gradients
             "optimizer": 2 * full if optimizer else 0,
         }
@@ -221,13 +221,25 @@ def _begin(model: nn.Module, step: int, microbatch: int) -> None:
         sr.begin_microbatch(microbatch)
 
 
-def training_memory(cfg: TrainConfig, world_size: int, sequence_length: int, *, optimizer: bool = True) -> MemoryTerms:
+def training_memory(
+    cfg: TrainConfig,
+    world_size: int,
+    sequence_length: int,
+    *,
+    optimizer: bool = True,
+    trainable: Callable[[nn.Module], list[nn.Parameter]] | None = None,
+) -> MemoryTerms:
     """The memory terms of one rank of a training run at ``world_size``: its model as the trainer builds it (meta),
     one step of ``cfg.micro_batch`` x ``sequence_length`` tokens per microbatch (``optimizer``: with AdamW's
-    state; False for a forward and backward pass without an update)."""
+    state; False for a forward and backward pass without an update). ``trainable``: the parameters that require
+    gradients in the pass (default all; the scale snapshot computes only those its hooked modules need)."""
     # a checkpointed block recomputes under the same fused attention (autograd runs no torch-function mode)
     contexts = lambda: (_FusedAttention(), _FusedAttention())  # noqa: E731
     model, _ = build_shell(cfg, cfg.resolved_recipe(), rank=0, world_size=world_size, contexts=contexts)
+    if trainable is not None:
+        keep = {id(p) for p in trainable(model)}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in keep)
     static = static_terms(model, cfg, world_size, optimizer=optimizer)
     _compute_dtype(model, cfg)
     accumulation = cfg.accumulation_for(world_size)

@@ -213,9 +213,16 @@ def _memory(job: PlanJob) -> tuple[memory.MemoryTerms, str, TrainConfig]:
     if job.native:  # Transformer Engine does not run here: its emulated twin (the same recipe, model, parallelism)
         basis = "meta step of the emulated twin (Transformer Engine does not run here)"
         cfg = dataclasses.replace(cfg, execution="emulated")
-    optimizer = job.kind == "train"
-    if job.kind != "throughput":
-        return memory.training_memory(cfg, job.world_size, job.sequence_length, optimizer=optimizer), basis, cfg
+    if job.kind == "snapshot":  # gradients only where the hooked modules' dY needs them, as the snapshot runs
+        from ue5m3.evaluation import snapshot
+
+        def needed(model):
+            return snapshot._needs_grad(model, snapshot.default_modules(model))
+
+        terms = memory.training_memory(cfg, 1, job.sequence_length, optimizer=False, trainable=needed)
+        return terms, f"{basis}; gradients of the blocks from the first hooked one", cfg
+    if job.kind == "train":
+        return memory.training_memory(cfg, job.world_size, job.sequence_length), basis, cfg
     terms = [
         memory.training_memory(
             dataclasses.replace(cfg, recipe=recipe), job.world_size, job.sequence_length, optimizer=False
@@ -393,6 +400,7 @@ _TABLE = (
     ("transient_gb", "transient", "{:.1f}"),
     ("peak_gb", "peak GB", "{:.1f}"),
     ("gpu_memory_gb", "of", "{:.0f}"),
+    ("fits", "fits", "{}"),
     ("link_gb", "link GB/step", "{:.0f}"),
     ("step_seconds", "s/step", "{:.1f}"),
     ("run_hours", "run h", "{:.0f}"),
