@@ -26,6 +26,7 @@ include: "workflow/rules/identification.smk"
 include: "workflow/rules/throughput.smk"
 include: "workflow/rules/conformance.smk"
 include: "workflow/rules/claims.smk"
+include: "workflow/rules/format_study.smk"
 
 
 # Run on the submitting machine, never sent to SLURM as jobs: the targets, the run configs, the summaries and
@@ -46,6 +47,8 @@ localrules:
     throughput_figures,
     conformance_figures,
     claims_figures,
+    format_study,
+    format_study_figures,
 
 
 rule all:

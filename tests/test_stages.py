@@ -23,6 +23,7 @@ RULE_FILES = {
     "throughput.smk": ["throughput"],
     "conformance.smk": ["conformance"],
     "claims.smk": ["claims"],
+    "format_study.smk": ["format_study", "scale_telemetry"],
 }
 
 

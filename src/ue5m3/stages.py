@@ -80,6 +80,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("grid_control", "The grid-regression control", "appendix C", 10),
     Stage("throughput", "Native NVFP4 execution ablation", "section 7.6 (table 10)", 11),
     Stage("conformance", "Conformance with other FP4 implementations", "none, beyond the paper", 12),
+    Stage("format_study", "The block-scale format study", "none, beyond the paper", 13),
+    Stage("scale_telemetry", "Scale telemetry and the early warning", "none, beyond the paper (its Proposition 1)", 14),
 )
 
 _SCALE = (
@@ -502,6 +504,61 @@ FIGURES += (
     ),
 )
 
+FIGURES += (
+    Figure(
+        "format_study",
+        "pdf",
+        "format_study_figures",
+        "figure",
+        "format_study",
+        "The block-scale format study",
+        "Each trained recipe's final-window training loss minus the reference arm's (the study's ue5m3_t448, else the "
+        "proposed ue5m3_b16) and minus BF16's, paired per seed (seeds "
+        "{{ snakemake.config['training']['seeds'] }}), with the 95% t interval and the verdict, grouped by "
+        "scale-format family; model {{ snakemake.config['training']['model'] }}, "
+        "{{ snakemake.config['training']['steps'] }} steps. The study's arms (config/study_formats.yaml) are one "
+        "factor each from the reference: E4M3 at T = 448 and 256 with and without 4/6 selection, UE5M3 under its "
+        "three top-code conventions at T in {448, 2048, 8192}, UE8M0 floor and RCEIL at blocks 16 and 32, D in "
+        "{1, 10, 50, 200}. Beyond the paper.",
+    ),
+    Figure(
+        "format_study_table",
+        "csv",
+        "format_study_figures",
+        "table",
+        "format_study",
+        "The block-scale format study as a table",
+        "One row per recipe: its scale format, block, target(s), D, scale rule and selection, how it differs from the "
+        "reference arm, its paired effects against the reference and BF16 with 95% t intervals, the minimum "
+        "detectable effect at 80% power and the verdicts, and its runs' scale telemetry totals.",
+    ),
+    Figure(
+        "scale_telemetry",
+        "pdf",
+        "format_study_figures",
+        "telemetry",
+        "scale_telemetry",
+        "Scale telemetry over training",
+        "Per operand role and recipe over the logged steps (every "
+        "{{ snakemake.config['training']['log_every'] }} steps): the largest headroom margin T * rho / U of a held "
+        "reference (Proposition 1: blocks saturate above 1), the share of blocks whose scale rounded to zero before "
+        "repair, and the E2M1 dead-zone share, means over linears and seeds. Beyond the paper.",
+    ),
+    Figure(
+        "early_warning",
+        "csv",
+        "format_study_figures",
+        "warnings",
+        "scale_telemetry",
+        "The early warning per run",
+        "Per run: the first logged step the early warning flags (the thresholds of format_study.warning, "
+        "docs/format_study.md: the headroom margin, saturated and top-code shares of held references, the "
+        "zero-rounded and underflowed shares), the condition that crossed, the step the loss diverged (a stated "
+        "rise above its first logged value) "
+        "and the lead. The healthy runs of the pipeline are not expected to be flagged.",
+    ),
+)
+
 PRODUCERS: tuple[tuple[str, str], ...] = (
     ("results/range_analysis/*", "range_analysis"),
     ("results/accumulation/*", "accumulation_stats"),
@@ -516,6 +573,7 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("results/identify/grid_control/*", "grid_control"),
     ("results/throughput/*", "throughput"),
     ("results/conformance/*", "conformance"),
+    ("results/format_study/*", "format_study"),
     ("results/plan/*", "plan"),
 )
 """The rule that writes each part of ``results/`` (a figure notebook run by hand names it for a missing input)."""

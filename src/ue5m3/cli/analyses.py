@@ -75,6 +75,13 @@ def _plan(args: argparse.Namespace) -> int:
     return argtypes.print_paths(plan.run(cfg, args.out_dir))
 
 
+def _format_study(args: argparse.Namespace) -> int:
+    from ue5m3.experiments import format_study
+
+    cfg = argtypes.load_stage_config(format_study.FormatStudyConfig, args.config)
+    return argtypes.print_paths(format_study.run(cfg, args.out_dir, args.runs, args.final_window))
+
+
 def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argparse.Namespace], int]]) -> None:
     p = sub.add_parser(
         "plan",
@@ -130,6 +137,20 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     argtypes.add_config_option(p, "ue5m3.experiments.throughput.ThroughputConfig")
     p.add_argument("--out-dir", required=True, help="directory for the table")
     verbs["throughput"] = _throughput
+
+    p = sub.add_parser(
+        "format-study",
+        help="the block-scale format study: each trained recipe paired with the reference arm and BF16, telemetry",
+        description="Write study.csv (per recipe: its numerics, how it differs from the reference arm, its paired "
+        "final-window loss effect against the reference and against BF16 with 95%% t intervals, the MDE and a "
+        "verdict, its scale telemetry totals), telemetry.csv (per recipe, logged step and operand role), "
+        "run_telemetry.csv, warnings.csv (the early warning per run) and provenance.json (beyond the paper).",
+    )
+    argtypes.add_config_option(p, "ue5m3.experiments.format_study.FormatStudyConfig")
+    p.add_argument("--runs", nargs="+", required=True, help="run directories (each with final.json)")
+    p.add_argument("--final-window", required=True, help="the training summary's final_window.csv of those runs")
+    p.add_argument("--out-dir", required=True, help="directory for the tables")
+    verbs["format-study"] = _format_study
 
     p = sub.add_parser(
         "summarize-training",
