@@ -66,14 +66,14 @@ def test_dry_run_with_the_cluster_profile_and_paper_config_passes():
     result = _snakemake("-n", "--forceall", "--profile", "cluster", "--configfile", "config/paper.yaml")
     assert "Using profile cluster" in result.stdout + result.stderr
     assert "range_figures" in result.stdout
-    # the native baselines go to the Blackwell partition, the emulated runs where the profile sends them
+    # the native baselines go to the Blackwell partition, the emulated runs to the training section's
     runs = [block for block in result.stdout.split("\nrule ") if block.startswith("train_run:")]
     partitions = {
         re.search(r"variant=(\w+)", block).group(1): re.search(r"slurm_partition=(\w*)", block).group(1)
         for block in runs
     }
     assert partitions["nvfp4_te"] == partitions["nvfp4_no_rht_all_linears"] == "blackwell"
-    assert partitions["ue5m3_b16"] == partitions["bf16"] == ""
+    assert partitions["ue5m3_b16"] == partitions["bf16"] == "gpu"
 
 
 def test_lint_passes():
