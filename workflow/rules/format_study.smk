@@ -21,8 +21,7 @@ rule format_study:
         "../envs/cpu.yaml"
     params:
         source=source_hash("ue5m3.experiments.format_study"),
-        # the format_study section, its defaults filled in (the dataclass's while the config has no such section)
-        config=as_json(lookup(dpath="format_study", within=config, default={})),
+        config=stage_config("format_study"),
         runs=main_run_dirs(),
         out_dir=subpath(output.study, parent=True),
     shell:

@@ -28,6 +28,7 @@ from ue5m3.evaluation.nll import NllConfig
 from ue5m3.evaluation.olmes.run import DownstreamConfig
 from ue5m3.evaluation.snapshot import SnapshotConfig
 from ue5m3.experiments.accumulation import AccumulationConfig
+from ue5m3.experiments.format_study import FormatStudyConfig
 from ue5m3.experiments.range_analysis import RangeAnalysisConfig
 from ue5m3.experiments.training_summary import SummaryConfig
 from ue5m3.identify.candidates import CandidateGrid
@@ -425,6 +426,8 @@ class PipelineConfig:
         identification: the emulator identification.
         throughput: the throughput ablation.
         plan: the GPUs each partition may hold and the job budget the plan checks every GPU job against.
+        format_study: the block-scale format study's comparisons and the early warning's thresholds (beyond the
+            paper; docs/format_study.md).
     """
 
     launcher: str = "ue5m3"
@@ -441,6 +444,7 @@ class PipelineConfig:
     identification: IdentificationSection
     throughput: ThroughputSection
     plan: PlanSettings = field(default_factory=PlanSettings)
+    format_study: FormatStudyConfig = field(default_factory=FormatStudyConfig)
 
     def __post_init__(self) -> None:
         for key in ("launcher", "results_dir", "figures_dir"):
