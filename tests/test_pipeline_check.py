@@ -110,6 +110,11 @@ BAD = {
         "training.partition: partition 'gpu' is not in plan.partitions ([])",
     ),
     "GPU evaluations without a partition": ("evaluation.gpus", 1, "evaluation.partition: evaluations on a GPU"),
+    "global batch the GPUs cannot split": (
+        "training",
+        {"gpus_per_node": 4, "partition": "gpu", "accumulation": 0, "global_batch": 16},
+        "training: global_batch: 16 sequences per step cannot be split over 4 rank(s) of micro_batch 8",
+    ),
     "multi-node CPU runs": ("control.nodes", 2, "control.nodes: 2 nodes of CPU jobs"),
     "unknown GPU type": ("plan", {"partitions": {"gpu": ["A100"]}}, "plan.partitions.gpu[0]: unknown GPU type 'A100'"),
 }

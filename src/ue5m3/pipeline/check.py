@@ -174,6 +174,8 @@ def _check_jobs(cfg: PipelineConfig, problems: _Problems) -> None:
 def _check_placement(cfg: PipelineConfig, problems: _Problems) -> None:
     """Every GPU job names a partition whose GPU types the plan knows (``plan.partitions``), and a section's world
     size divides its global batch, before the plan or any job runs."""
+    from ue5m3.training.config import TrainConfig
+
     known = sorted(cfg.plan.partitions)
     wanted = [("training", cfg.training), ("control", cfg.control)]
     for key, section in wanted:
@@ -191,12 +193,17 @@ def _check_placement(cfg: PipelineConfig, problems: _Problems) -> None:
                     f"partition {partition!r} is not in plan.partitions ({known}): name the GPU types it may hold, "
                     "so the plan can check the runs against them",
                 )
-        world = section.nodes * section.gpus_per_node
-        if section.global_batch and section.global_batch % (world * section.micro_batch):
-            problems.add(
-                f"{key}.global_batch",
-                f"{section.global_batch} sequences do not split over {world} GPUs of micro-batch {section.micro_batch}",
-            )
+        # the trainer's own rule (TrainConfig.accumulation_for) on the section's world size, before any job starts
+        group, variant = (
+            ("main", cfg.training.recipes[0]) if key == "training" else ("control", jobs.CONTROL_VARIANTS[0])
+        )
+        settings = jobs.run_settings(cfg, group, variant, section.seeds[0])
+        problems.attempt(
+            key,
+            lambda settings=settings, world=section.world_size: TrainConfig.from_dict(
+                settings, source="its run"
+            ).accumulation_for(world),
+        )
     if cfg.evaluation.gpus and cfg.evaluation.partition is None:
         problems.add(
             "evaluation.partition", "evaluations on a GPU (evaluation.gpus 1) need the partition of their GPUs"
