@@ -63,6 +63,7 @@ def workdir(tmp_path_factory, cluster):
         validation_windows=4,
         calibration_windows=2,
     )
+    config["identification"]["witness"]["sequences"] = 4  # the witness reads validation windows: at most those
     config["evaluation"].update(steps=[2, 4], nll={"replay_orders": 2, "bootstrap_samples": 50})
     config["evaluation"]["downstream"]["examples"] = 4
     (work / "config" / "tiny.yaml").write_text(yaml.safe_dump(config))
@@ -162,56 +163,107 @@ def _elapsed_seconds(job: str) -> int:
     return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
-def test_a_training_job_at_its_time_limit_resumes_from_its_signal_time_checkpoint(workdir):
-    """A training job submitted with `--signal=USR1@120` (the profile's signal-before-the-limit pattern) has its time
-    limit moved, once it is training, to about 2 minutes from now: slurmctld sends the warning signal to the job step
-    at its next periodic check, as it would 2 minutes before a real limit. The
-    trainer writes a checkpoint of that step and exits; Snakemake resubmits (retries), the run resumes and ends with
-    the same bytes as the run trained in one go without SLURM (trained meanwhile on the other core).
+SLOW_SAVE_S = 40
+"""How long the slow storage holds the signal-time save: more than torchrun's default shutdown timeout (30 s)."""
+MARGIN_S = 180
+"""The job's signal margin (``--signal=TERM@180``): the launcher gives it to torchrun as its shutdown timeout."""
+
+
+def _slow_storage(work: Path, checkpoints: Path) -> dict[str, str]:
+    """The environment of the slow storage (system_tests/slow_fsync.c, built here): the first fsync under
+    ``checkpoints`` sleeps SLOW_SAVE_S seconds and writes what it slowed into the token file."""
+    library = work / "libslowfsync.so"
+    compiler = os.environ.get("CC", "cc")
+    built = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-o", str(library), str(ROOT / "system_tests" / "slow_fsync.c"), "-ldl"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0, f"the slow-storage shim did not build:\n{built.stderr}"
+    return {
+        "LD_PRELOAD": str(library),
+        "SLOW_FSYNC_SECONDS": str(SLOW_SAVE_S),
+        "SLOW_FSYNC_UNDER": f"{checkpoints}/",
+        "SLOW_FSYNC_TOKEN": str(work / "slow_fsync.token"),
+    }
+
+
+def test_a_training_job_at_its_time_limit_checkpoints_under_srun_and_torchrun_on_slow_storage_and_resumes(workdir):
+    """A training job launched as the paper's are (srun + torchrun, two ranks, c10d rendezvous) and submitted with
+    `--signal=TERM@180` (the profile's signal-before-the-limit pattern) has its time limit moved, once it is
+    training, to less than 3 minutes from now: slurmctld sends TERM to every process of the job step (each torchrun
+    and its worker) at its next periodic check, as it would 3 minutes before a real limit. The storage is slow
+    (system_tests/slow_fsync.c): the signal-time save takes at least 40 s, more than torchrun's default 30 s
+    shutdown timeout, after which torchrun would have killed its workers mid-save. The launcher gives torchrun the
+    job's margin instead (`--shutdown-timeout={signal_margin_s}`), so the workers write their checkpoint and exit;
+    Snakemake resubmits (retries), the run resumes from that checkpoint (the only one before the end) and ends with
+    the same bytes as the two-rank run trained in one go without SLURM (trained meanwhile on the other core).
 
     The run is sized to outlast the signal's latency (one periodic check, at most 30 s; 24 s seen) with a margin:
-    about 90 s of training on this project's 2-core machine. It reuses the module's prepared data (a second seed of
-    the same configuration)."""
+    about 90 s of training per rank on this project's 2-core machine (several times that on a loaded one). It reuses
+    the module's prepared data (a second seed of the same configuration); run alone, it prepares them first, and the
+    direct run starts once they exist."""
     config = yaml.safe_load((workdir / "config" / "tiny.yaml").read_text())
     config["training"].update(
         seeds=[2], steps=300, log_every=1, checkpoint_every=1000, keep_every=0, recipes=["ue5m3_b16"], micro_batch=2
     )
     config["evaluation"]["steps"] = [300]
-    config["launcher"] = "ue5m3"
     (workdir / "config" / "time_limit.yaml").write_text(yaml.safe_dump(config))
     run = "results/train/main/ue5m3_b16/seed2"
-    command = ["snakemake", f"{run}/final.json", "--profile", "cluster", "--workflow-profile", "cluster/local/profile"]
+    run_dir = workdir / run
+    # the local profile with this job's time limit and signal (--set-resources would replace the profile's whole
+    # resource set of the rule, its two srun tasks included)
+    profile = yaml.safe_load((ROOT / "cluster" / "local" / "profile" / "config.yaml").read_text())
+    profile["set-resources"]["train_run"].update(runtime=30, slurm_extra=f"'--signal=TERM@{MARGIN_S}'")
+    (workdir / "time_limit_profile").mkdir(exist_ok=True)
+    (workdir / "time_limit_profile" / "config.yaml").write_text(yaml.safe_dump(profile))
+    command = ["snakemake", f"{run}/final.json", "--profile", "cluster"]
+    command += ["--workflow-profile", str(workdir / "time_limit_profile")]
     command += ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir), "--retries", "2"]
-    command += ["--set-resources", "train_run:runtime=30", "train_run:tasks=1"]  # no mpi: the rule is a job step
-    command += ["train_run:slurm_extra='--signal=USR1@120'"]
-    command += ["--configfile", str(workdir / "config" / "time_limit.yaml")]
+    command += ["--configfile", str(workdir / "config" / "time_limit.yaml"), str(ROOT / "cluster/local/config.yaml")]
+    env = {**_env(), **_slow_storage(workdir, run_dir / "checkpoints")}  # the jobs inherit it (sbatch exports it)
     log_path = workdir / "time_limit_snakemake.log"  # a file, not a pipe: nothing reads it until the end
     with open(log_path, "w") as sink:
-        workflow = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=sink, stderr=subprocess.STDOUT, text=True)
-    run_dir, direct, moved = workdir / run, None, None
+        workflow = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+    direct, moved = None, None
+    launch = ("torchrun", "--standalone", "--nproc-per-node", "2", "-m", "ue5m3")
+    prepared = workdir / "results" / "data" / "prepared.json"  # run alone, this test prepares the data itself
     try:
-        deadline = time.monotonic() + 1200
+        deadline = time.monotonic() + 2400  # a guard against a hang: the data jobs and 300 steps on a loaded machine
         while workflow.poll() is None and time.monotonic() < deadline:
-            if direct is None and (run_dir / "config.yaml").exists():
-                direct = _start_direct_run(workdir, run_dir, "direct-seed2", "ue5m3")
+            if direct is None and (run_dir / "config.yaml").exists() and prepared.exists():
+                direct = _start_direct_run(workdir, run_dir, "direct-seed2", *launch)
             metrics = run_dir / "metrics.jsonl"
             if moved is None and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
                 job = _running_job("train_run")
                 if job is not None:
-                    # whole minutes (SLURM's resolution), rounded down: the warning 120 s before the limit is
+                    # whole minutes (SLURM's resolution), rounded down: the warning MARGIN_S before the limit is
                     # already due, and slurmctld sends it at its next periodic check; the limit itself is still ahead
-                    limit = (_elapsed_seconds(job) + 120) // 60
+                    limit = (_elapsed_seconds(job) + MARGIN_S) // 60
                     subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={limit}"], env=_env(), check=True)
                     moved = job
             time.sleep(0.5)
         output = log_path.read_text()
+        assert workflow.returncode is not None, f"the workflow did not finish in 40 minutes:\n{output[-3000:]}"
         assert workflow.returncode == 0, output[-6000:]
     finally:
         if workflow.poll() is None:
             workflow.kill()
+        if direct is not None and direct.poll() is None and workflow.returncode != 0:
+            direct.kill()
     assert moved is not None, "the time limit was never moved: the first job finished before 3 logged steps"
     attempts = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*rule_train_run\b", output)
     assert len(attempts) == 2 and attempts[0] == moved, f"expected one resubmission of job {moved}:\n{output[-3000:]}"
+    # the log is the resubmitted job's (each attempt writes it anew): it resumed from a checkpoint before the end,
+    # which only the signal can have asked for (checkpoint_every 1000, no wall-time checkpoints)
     log = (workdir / "logs" / "train" / "main" / "ue5m3_b16" / "seed2" / "train.log").read_text()
-    assert "resumed from" in log, log[-2000:]
+    resumed = re.search(r"resumed from \S*step-(\d{8}) \(step (\d+)\)", log)
+    assert resumed and int(resumed.group(1)) == int(resumed.group(2)), log[-3000:]
+    step = int(resumed.group(2))
+    assert 3 <= step < 300, log[-3000:]
+    # the slow storage held the signal-time save (a file of its temporary directory) for SLOW_SAVE_S seconds
+    token = (workdir / "slow_fsync.token").read_text()
+    saving = re.escape(f"{run_dir / 'checkpoints'}/.step-{step:08d}.")  # the save's temporary directory
+    assert re.search(rf"slept {SLOW_SAVE_S} s in fsync of {saving}", token), token
     _assert_equals_direct_run(workdir, run_dir, 300, direct, "direct-seed2")

@@ -56,7 +56,7 @@ def test_the_readme_shows_the_registrys_stage_table():
 def test_each_rule_file_names_the_paper_sections_of_its_stages(name):
     header = " ".join(line.lstrip("# ") for line in (RULES / name).read_text().splitlines()[:4])
     for stage in RULE_FILES[name]:
-        assert f"paper {stages.stage(stage).paper}" in header, f"{name}: {stages.stage(stage).paper}"
+        assert stages.placement(stage) in header, f"{name}: {stages.placement(stage)}"
 
 
 def test_an_unknown_name_is_refused_naming_the_known_ones():
@@ -75,3 +75,39 @@ def test_every_result_a_notebook_reads_has_a_producer_rule_that_exists():
     notebooks = (ROOT / "notebooks").glob("*.py")
     defaults = re.findall(r'^\w+ = "(results/[^"]+)"', "\n".join(p.read_text() for p in notebooks), re.M)
     assert defaults and all(stages.producer(d) for d in defaults), [d for d in defaults if not stages.producer(d)]
+
+
+_PLACE = r"[0-9A-C][0-9.]*(?:-[0-9.]+)?"
+_CITATION = re.compile(rf"\b(sections?|appendix|appendices|table) ({_PLACE}(?:(?:, | and ){_PLACE})*)")
+
+
+def _cited(text: str) -> set[tuple[str, str]]:
+    """The paper places a text names, as (kind, number): 'sections 7.1-7.3' gives the three sections, 'sections 4.1
+    and 5.2' both."""
+    places = set()
+    for kind, numbers in _CITATION.findall(text):
+        kind = {"sections": "section", "appendices": "appendix"}.get(kind, kind)
+        for place in re.split(r", | and ", numbers):
+            first, _, last = place.partition("-")
+            places.add((kind, first))
+            if last:  # a range within one section: 7.1-7.3
+                head, _, low = first.rpartition(".")
+                places.update((kind, f"{head}.{n}") for n in range(int(low), int(last.rpartition(".")[2]) + 1))
+    return places
+
+
+def test_cited_places_parse_ranges_and_lists():
+    assert _cited("sections 7.1-7.3") == {("section", "7.1"), ("section", "7.2"), ("section", "7.3")}
+    assert _cited("section 6 and appendix B") == {("section", "6"), ("appendix", "B")}
+    assert _cited("sections 4.1 and 5.2") == {("section", "4.1"), ("section", "5.2")}
+    assert _cited("section 7.6 (table 10)") == {("section", "7.6"), ("table", "10")}
+
+
+@pytest.mark.parametrize("figure", stages.FIGURES, ids=lambda f: f.name)
+def test_a_caption_cites_only_the_paper_places_of_its_stage(figure):
+    """The one stage-to-section table decides where a figure sits in the paper: a caption that names a section,
+    appendix or table names one of its stage's (or a subsection of one)."""
+    own = _cited(stages.stage(figure.stage).paper)
+    for kind, number in _cited(figure.caption):
+        covered = any(k == kind and (number == n or number.startswith(n + ".")) for k, n in own)
+        assert covered, f"{figure.name}'s caption cites {kind} {number}; its stage is at {sorted(own)}"

@@ -1,4 +1,4 @@
-# The FP4 conformance matrix (paper none, beyond the paper): every installed peer implementation against this one
+# The FP4 conformance matrix (beyond the paper): every installed peer implementation against this one
 # on one corpus of tensors, one judged cell per operation and peer, with the peers' versions and the
 # counterexamples.
 

@@ -1,5 +1,5 @@
-# The block-scale format study (paper none, beyond the paper) and the scale telemetry with its early warning (paper
-# none, beyond the paper (its Proposition 1)): every trained recipe paired per seed with the study's reference arm
+# The block-scale format study (beyond the paper) and the scale telemetry with its early warning (beyond the
+# paper (its Proposition 1)): every trained recipe paired per seed with the study's reference arm
 # and with BF16, the runs' telemetry and the early warning; tables from the CLI, figures from a notebook. The default
 # config runs it on the main runs (seconds); config/study_formats.yaml trains the study's arms through the same rules.
 

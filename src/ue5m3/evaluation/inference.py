@@ -55,6 +55,7 @@ __all__ = [
     "order_id",
 ]
 
+
 def _coerce_policy(policy: object) -> InferencePolicy:
     try:
         return InferencePolicy(policy)
