@@ -14,6 +14,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -157,3 +159,73 @@ def _until(read, done, timeout: float = 15.0):
         time.sleep(0.25)
         value = read()
     return value
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def checkout(report) -> Path:
+    """The finished DAG's directory laid out as the README's user's checkout: the Snakefile at its root (what the
+    notebooks' defaults resolve from), workflow/ and .venv/ beside it (linked), the notebooks in notebooks/ (copied:
+    a kernel's working directory is the resolved one)."""
+    work = report
+    for name in ("Snakefile", "workflow", ".venv"):
+        if not (work / name).exists():
+            (work / name).symlink_to(ROOT / name)
+    (work / "notebooks").mkdir(exist_ok=True)
+    for notebook in NOTEBOOKS:
+        shutil.copy2(notebook, work / "notebooks" / notebook.name)
+    return work
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_runs_all_with_its_defaults_against_the_pipelines_results(checkout, notebook):
+    """JupyterLab's Run All: every cell in order, the kernel started in notebooks/, no parameter passed; the
+    defaults find the results the DAG wrote, and the notebook redraws its figures and tables."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = checkout / "notebooks" / notebook.name
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    started = time.time()
+    client.execute()
+    first = next(c for c in nb.cells if c.cell_type == "code" and "notebook_setup(" in c.source)
+    printed = "".join(o.get("text", "") for o in first.get("outputs", []) if o.get("output_type") == "stream")
+    assert "Reading the pipeline's results" in printed, printed
+    source = "\n".join(c.source for c in nb.cells)
+    drawn = [f.file for f in stages.FIGURES if f"figures/{f.file}" in source]
+    assert drawn, f"{notebook.name} names no figure of the registry"
+    stale = [name for name in drawn if (checkout / "figures" / name).stat().st_mtime < started]
+    assert not stale, f"{notebook.name} did not redraw {stale}"
+
+
+def _readme_command(starts: str) -> list[str]:
+    """The README's command (a code span) that starts with ``starts``, as a list of words."""
+    text = (ROOT / "README.md").read_text()
+    spans = [s for s in re.findall(r"`([^`\n]+)`", text) if s.startswith(starts)]
+    assert spans, f"the README shows no command starting {starts!r}"
+    return shlex.split(spans[0])
+
+
+def test_the_readmes_one_figure_rebuild_and_its_report_work_as_written(checkout):
+    """From the checkout's root, nothing exported (PATH without the venv): the README's one-figure rebuild redraws
+    the figure, and the README's report of one figure holds it with its caption."""
+    work = checkout
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "SNAKEMAKE"))}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
+    figure = work / "figures" / "range_headroom.pdf"
+    figure.unlink()
+    rebuild = _readme_command(".venv/bin/snakemake --cores 2 figures/")
+    result = subprocess.run(rebuild, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{' '.join(rebuild)}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    assert figure.stat().st_size > 0
+    report_command = _readme_command(".venv/bin/snakemake --report report.html figures/")
+    report_command[-1] = report_command[-1].replace("NAME", "range_headroom")
+    result = subprocess.run(report_command, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{' '.join(report_command)}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    html = (work / "report.html").read_text(errors="replace")
+    assert "range_headroom.png" in html
+    caption = stages.figure("range_headroom").caption.split("{{")[0].strip()
+    assert caption[:60] in html, "the one-figure report lacks the figure's caption"

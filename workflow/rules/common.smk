@@ -170,7 +170,9 @@ def figure_outputs(rule):
             result_path("report", item.view),
             caption=caption_file(item.name),
             category=stages.category(item.stage),
-            labels={"item": item.title, "file": item.file},
+            # one label: the report makes a second label a toggle in a category of two items (claims, grid
+            # control), and its view then looks up an item it does not have
+            labels={"item": f"{item.title} ({item.file})"},
         )
     return outputs
 
