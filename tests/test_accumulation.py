@@ -8,8 +8,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from rational import fp32 as _fp32
-from rational import snap as _snap
+from helpers.rational import fp32 as _fp32
+from helpers.rational import snap as _snap
 from ue5m3 import cli
 from ue5m3.experiments import accumulation
 from ue5m3.experiments.accumulation import AccumulationConfig, Variant

@@ -4,17 +4,16 @@ uses the same references, SR streams and cached weights and counts nothing; the 
 agree with the whole computation to FP32 rounding and enter the run identity."""
 
 import dataclasses
-import json
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.training import final_state, metric_records, same_tensors
 from ue5m3 import models
 from ue5m3.data import RandomTokenStream
 from ue5m3.layers import linear, recipes
-from ue5m3.training import build, checkpoint, parallelize
+from ue5m3.training import build, parallelize
 from ue5m3.training import loop as train
 from ue5m3.training.config import OptimConfig, TrainConfig
 from ue5m3.training.identity import fingerprint, run_identity
@@ -64,21 +63,10 @@ def _config(tmp_path, name, model="nemotron_h_debug", recipe="ue5m3_b16", **kw) 
     return TrainConfig(**values)
 
 
-def _records(cfg: TrainConfig) -> list[dict]:
-    text = (Path(cfg.run_dir) / "metrics.jsonl").read_text()
-    return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in text.splitlines()]
-
-
-def _final(cfg: TrainConfig) -> tuple[dict, dict]:
-    parts, _ = checkpoint.load(checkpoint.latest(Path(cfg.run_dir) / "checkpoints"))
-    return parts["model"], parts["optimizer"]
-
-
 def _assert_same_run(a: TrainConfig, b: TrainConfig) -> None:
-    assert _records(a) == _records(b)
-    (model_a, optim_a), (model_b, optim_b) = _final(a), _final(b)
-    assert model_a.keys() == model_b.keys()
-    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+    assert metric_records(a.run_dir) == metric_records(b.run_dir)
+    (model_a, optim_a), (model_b, optim_b) = final_state(a.run_dir), final_state(b.run_dir)
+    assert same_tensors(model_a, model_b)
     assert optim_a["state"].keys() == optim_b["state"].keys()
     for i in optim_a["state"]:
         for k, v in optim_a["state"][i].items():
@@ -117,7 +105,7 @@ def test_checkpointing_every_block_reproduces_the_run_bit_for_bit(tmp_path, reci
         return
     _assert_same_run(plain, recomputed)
     if recipes.get(recipe).gemm.model.value != "bf16":  # the diagnostics are in the records compared
-        assert _records(plain)[0]["quantized_blocks"] > 0
+        assert metric_records(plain.run_dir)[0]["quantized_blocks"] > 0
 
 
 @pytest.mark.parametrize(
@@ -174,7 +162,7 @@ def test_the_recomputed_forward_runs_and_is_left_uncounted(tmp_path, monkeypatch
 
     monkeypatch.setattr(linear, "is_recomputing", lambda: False)  # the recomputation counted as a forward pass
     doubled = _train(_config(tmp_path, "doubled", activation_checkpointing="every_block"))
-    counted, once = _records(doubled)[0], _records(plain)[0]
+    counted, once = metric_records(doubled.run_dir)[0], metric_records(plain.run_dir)[0]
     assert counted["quantized_blocks"] > once["quantized_blocks"]
     assert {k: v for k, v in counted.items() if "blocks" not in k and k != "telemetry"} == {
         k: v for k, v in once.items() if "blocks" not in k and k != "telemetry"
@@ -316,7 +304,7 @@ def test_a_run_with_the_chunked_loss_and_scan_passes_stays_within_fp32_rounding(
             activation_checkpointing="every_block",
         )
     )
-    a, b = _records(plain), _records(lean)
+    a, b = metric_records(plain.run_dir), metric_records(lean.run_dir)
     assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-5)
     assert [r["grad_norm"] for r in a] == pytest.approx([r["grad_norm"] for r in b], rel=1e-4)
 

@@ -1,26 +1,19 @@
 """Checkpoint formats: full (one process) and sharded (torch.distributed.checkpoint), both verified by their
 manifest, both read back as one full model state dict. The multi-rank cases are in test_train_distributed.py."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers.ports import free_port
 from ue5m3.training import checkpoint
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def one_rank_group():
     """A one-process gloo group: the sharded writer's collectives run, with a single participant."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from test_train_distributed import _losses, _rewind, _run
+from helpers.distributed import run_distributed
+from helpers.training import rewind, same_tensors, step_losses
 from ue5m3.training import checkpoint
 from ue5m3.training.manifest import verification_share
 
@@ -26,19 +26,18 @@ def _hashed(prefix: Path, rank: int, under: Path) -> list[str]:
 
 
 def _same_weights(a: Path, b: Path) -> bool:
-    x, y = checkpoint.load_model_state(a), checkpoint.load_model_state(b)
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    return same_tensors(checkpoint.load_model_state(a), checkpoint.load_model_state(b))
 
 
 def _resume_logging_hashes(tmp_path: Path, name: str, nproc: int) -> tuple[Path, Path, dict, Path]:
     """A two-rank run of 4 steps, then run ``name``: the same run resumed from its step-2 checkpoint on ``nproc``
     ranks (the same global micro-batch), logging the files verification hashes. Returns (the run, the resumed run,
     the step-2 checkpoint's manifest, the hash logs' prefix)."""
-    run = _run(tmp_path, "run", 2, micro_batch=2, recipe="bf16", steps=4, every=2)
-    resumed = _rewind(run, tmp_path / name, 2)
+    run = run_distributed(tmp_path, "run", 2, micro_batch=2, recipe="bf16", steps=4, every=2)
+    resumed = rewind(run, tmp_path / name, 2)
     prefix = tmp_path / "hashes"
     env = {"UE5M3_LOG_HASHES": str(prefix)}
-    _run(tmp_path, name, nproc, micro_batch=4 // nproc, recipe="bf16", steps=4, every=2, env=env)
+    run_distributed(tmp_path, name, nproc, micro_batch=4 // nproc, recipe="bf16", steps=4, every=2, env=env)
     return run, resumed, json.loads((resumed / STEP2 / "manifest.json").read_text()), prefix
 
 
@@ -54,7 +53,7 @@ def test_two_ranks_verify_a_checkpoint_once_each_hashing_only_its_own_shards_and
         assert sorted(hashed[rank]) == list(verification_share(manifest, rank, 2))
     # and the resumed run is the uninterrupted one, bit for bit
     assert _same_weights(resumed / "checkpoints" / "step-00000004", run / "checkpoints" / "step-00000004")
-    assert _losses(resumed) == _losses(run)
+    assert step_losses(resumed) == step_losses(run)
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ def test_prepare_data_in_parts_and_merge_data_write_the_bytes_of_one_prepare_dat
     import json
     from pathlib import Path
 
-    from data_helpers import fixture_config
+    from helpers.data import fixture_config
 
     def tree(root):
         files = sorted(p for p in Path(root).rglob("*") if p.is_file() and "parts" not in p.relative_to(root).parts)
@@ -139,7 +139,7 @@ def test_a_training_run_logged_to_a_file_holds_the_loss_of_every_logged_step(tmp
 
     import yaml
 
-    from data_helpers import fixture_config
+    from helpers.data import fixture_config
     from ue5m3.data import build_data
     from ue5m3.training.config import OptimConfig, TrainConfig
 

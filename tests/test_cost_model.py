@@ -2,7 +2,7 @@
 linears as the conversion does and orders the recipes as their operations say (an estimate: no wall time is
 asserted anywhere)."""
 
-from benchmark_helpers import load_benchmark
+from helpers.benchmark_scripts import load_benchmark
 
 
 def test_the_table_orders_the_recipes_as_their_operations_say():

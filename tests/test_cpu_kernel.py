@@ -6,6 +6,7 @@ import zlib
 import pytest
 import torch
 
+from helpers.bits import assert_same_quantized
 from ue5m3.numerics import formats, gemm
 from ue5m3.numerics.formats import UE8M0, Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
@@ -45,18 +46,6 @@ def _hard_tensor(seed: int, rows: int = 64, cols: int = 128) -> torch.Tensor:
     return x
 
 
-def _assert_same(a, b):
-    for field in ("payload", "scales", "decode_scales", "dequantize"):
-        va, vb = getattr(a, field), getattr(b, field)
-        va, vb = (va(), vb()) if callable(va) else (va, vb)
-        assert torch.equal(va, vb), field
-        assert torch.equal(torch.signbit(va), torch.signbit(vb)), f"sign of zero in {field}"
-    assert torch.equal(a.block_amax, b.block_amax)
-    assert int(a.zero_rounded_blocks) == int(b.zero_rounded_blocks)
-    assert int(a.saturated_blocks) == int(b.saturated_blocks)
-    assert torch.equal(a.tensor_amax, b.tensor_amax)
-
-
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.name}-{s.scale_order}-{s.scale_rule}")
 @pytest.mark.parametrize("rounding", list(Rounding))
 @pytest.mark.parametrize("layout", ["rows", "axis0", "two_d"])
@@ -69,7 +58,7 @@ def test_native_kernel_equals_torch_reference(scheme, rounding, layout):
     references = (None, float(x.abs().max()) / 100, float(x.abs().max()) * 1e6, 0.0)
     for tensor_amax in references if scheme.uses_tensor_amax else (None,):  # MX schemes refuse a reference
         common = dict(tensor_amax=tensor_amax, rounding=rounding, random_bits=bits, **kwargs)
-        _assert_same(
+        assert_same_quantized(
             quantize(x, scheme, backend="torch", **common), quantize(x, scheme, backend="cpu_kernel", **common)
         )
 
@@ -79,7 +68,7 @@ def test_native_kernel_e2m1_rne_steps_match_generic_rounding_on_a_dense_grid():
     grid = torch.arange(-7 * 4096, 7 * 4096 + 1, dtype=torch.float32) / 4096
     x = grid.reshape(-1, 1).repeat(1, 32)
     x[:, 0] = 4.0  # every block's amax is 4 -> scale 2^0 under the OCP rule
-    _assert_same(quantize(x, "mxfp4", backend="torch"), quantize(x, "mxfp4", backend="cpu_kernel"))
+    assert_same_quantized(quantize(x, "mxfp4", backend="torch"), quantize(x, "mxfp4", backend="cpu_kernel"))
 
 
 def test_native_backend_refuses_cases_it_does_not_cover():

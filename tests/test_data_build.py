@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from data_helpers import fixture_config
+from helpers.data import fixture_config
 from ue5m3.data import DataConfig, TokenShards, build_data, data_paths, open_data
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from data_helpers import A_FILES, B_FILES, FIXTURES, fixture_config
+from helpers.data import A_FILES, B_FILES, FIXTURES, fixture_config
 from ue5m3.data import (
     EVAL_OVERLAP,
     SPLITS,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from data_helpers import fixture_config
+from helpers.data import fixture_config
 from ue5m3.data import (
     DataConfig,
     build_data,

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from data_helpers import ByteTokenizer, synthetic_docs
+from helpers.data import ByteTokenizer, synthetic_docs
 from ue5m3.data import BOS_ID, EOS_ID, token_dtype, tokenize_to_shards
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from data_helpers import A_FILES, B_FILES, FIXTURES
+from helpers.data import A_FILES, B_FILES, FIXTURES
 from ue5m3.data import Corpus, DataConfig, Document, list_units, read_records, stream_documents
 from ue5m3.data.sources import OFFLINE_UNIT_ITEMS, unit_documents
 

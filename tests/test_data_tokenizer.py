@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data_helpers import A_FILES, B_FILES
+from helpers.data import A_FILES, B_FILES
 from ue5m3.data import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, read_records, train_tokenizer
 
 

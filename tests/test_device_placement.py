@@ -9,7 +9,7 @@ the model's device and never synchronises with the host in the loop (placement, 
 import pytest
 import torch
 
-from recipe_helpers import for_debug
+from helpers.recipes import for_debug
 from ue5m3 import models
 from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear, convert, find_quant_stats, find_scale_state

@@ -5,14 +5,10 @@ import sys
 
 import pytest
 
-from test_inference import make_run
+from helpers.olmes import needs_wheel
 from ue5m3 import cli
 from ue5m3.data import data_paths
 from ue5m3.evaluation import olmes
-
-needs_wheel = pytest.mark.skipif(
-    not olmes.taskdata.available(), reason=f"no OLMES task data (run `{olmes.INSTALL_HINT}`)"
-)
 
 
 @pytest.mark.parametrize("verb", ["evaluate-downstream", "lm-eval"])
@@ -41,14 +37,9 @@ def test_unknown_task_is_refused(tmp_path):
         olmes.build_tasks(tmp_path / "tasks", ["nope"])
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("downstream"))
-
-
 @needs_wheel
-def test_evaluate_run_writes_scores_aggregates_and_provenance(run, tmp_path):
-    run_dir, data = run
+def test_evaluate_run_writes_scores_aggregates_and_provenance(tiny_run, tmp_path):
+    run_dir, data = tiny_run
     out = tmp_path / "out" / "cold.json"
     tasks = ["arc_easy", "mmlu_anatomy"]
     code = cli.main(

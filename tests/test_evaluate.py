@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_inference import make_run
 from ue5m3 import cli
 from ue5m3.data import open_data
 from ue5m3.evaluation.inference import load_for_inference
@@ -29,8 +28,9 @@ from ue5m3.training.checkpoint import CheckpointError
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    run_dir, config = make_run(tmp_path_factory.mktemp("evaluate"))
+def run(tiny_run):
+    """The shared tiny run (read-only) and its validation set."""
+    run_dir, config = tiny_run
     return run_dir, open_data(config).validation
 
 

@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from rational import fp32 as _fp32
+from helpers.rational import fp32 as _fp32
 from ue5m3.numerics import exact
 
 

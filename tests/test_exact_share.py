@@ -4,7 +4,7 @@ with the counts gemm.probe_paths gives for the operands, and the summary's share
 import pytest
 import torch
 
-from benchmark_helpers import load_benchmark
+from helpers.benchmark_scripts import load_benchmark
 
 
 def test_every_gemm_of_a_microbatch_is_counted_with_its_role():

@@ -24,7 +24,6 @@ import copy
 import dataclasses
 import errno
 import functools
-import hashlib
 import json
 import math
 import os
@@ -40,11 +39,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_helpers import fixture_config
-from test_train import _config as train_config
+from helpers.data import fixture_config
+from helpers.files import file_digests
+from helpers.threads import torch_threads
+from helpers.training import same_tensors, token_stream, train_config
 from ue5m3 import config, pipeline
 from ue5m3.artifacts import StorageError, TornFileError
-from ue5m3.data import RandomTokenStream, build_data, check_prepared, open_data
+from ue5m3.data import build_data, check_prepared, open_data
 from ue5m3.pipeline import check, jobs
 from ue5m3.pipeline.sections import PipelineConfig
 from ue5m3.training import checkpoint
@@ -269,24 +270,17 @@ def test_an_optimizer_setting_outside_its_range_is_refused_in_code_too(key):
 
 
 def _cfg(root: Path, **kw) -> TrainConfig:
-    """test_train's run config: 4 steps, one microbatch each, a checkpoint every 2 steps (steps 2 and 4), all kept."""
+    """helpers.training's run config: 4 steps, one microbatch each, a checkpoint every 2 steps (steps 2 and 4), all
+    kept."""
     return train_config(root, steps=4, accumulation=1, checkpoint_every=2, **kw)
-
-
-def _stream() -> RandomTokenStream:
-    return RandomTokenStream(4096, 64)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A finished 4-step run (checkpoints 2 and 4); each test works on a copy (:func:`_copy_of`)."""
     root = tmp_path_factory.mktemp("trained")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train.train(_cfg(root), _stream())
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(1):
+        train.train(_cfg(root), token_stream())
     return root
 
 
@@ -295,21 +289,8 @@ def _copy_of(trained: Path, tmp_path: Path) -> tuple[TrainConfig, Path]:
     return _cfg(tmp_path), tmp_path / "run" / "checkpoints"
 
 
-def _digests(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` and its SHA-256: what "nothing was deleted or changed" compares."""
-    return {
-        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
-
-
 def _model(folder: Path) -> dict:
     return torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _rewrite_manifest(folder: Path, change) -> None:
@@ -394,18 +375,18 @@ def test_a_corrupted_newest_checkpoint_is_passed_over_by_evaluation_and_set_asid
     _, root = _copy_of(trained, tmp_path)
     newest = root / "step-00000004"
     corrupt(newest)
-    bad, older = _digests(newest), _digests(root / "step-00000002")
+    bad, older = file_digests(newest), file_digests(root / "step-00000002")
     with pytest.warns(UserWarning, match="step-00000004") as seen:
         _, _, path = _evaluation_weights(tmp_path / "run")
     assert path.name == "step-00000002" and named in str(seen[0].message), str(seen[0].message)
-    assert newest.is_dir() and _digests(newest) == bad
+    assert newest.is_dir() and file_digests(newest) == bad
     with pytest.warns(
         UserWarning, match=r"step-00000004.*kept aside as .*step-00000004\.invalid.*step-00000002"
     ) as seen:
         path, manifest = checkpoint.newest_valid(root)
     assert path.name == "step-00000002" and manifest["step"] == 2 and named in str(seen[0].message)
-    assert not newest.exists() and _digests(root / "step-00000004.invalid") == bad
-    assert _digests(root / "step-00000002") == older
+    assert not newest.exists() and file_digests(root / "step-00000004.invalid") == bad
+    assert file_digests(root / "step-00000002") == older
 
 
 @pytest.mark.parametrize("case", ["truncated model.pt", "manifest {}"])
@@ -416,13 +397,13 @@ def test_a_run_whose_newest_checkpoint_is_corrupted_resumes_from_the_older_one_t
     cfg, root = _copy_of(trained, tmp_path)
     (tmp_path / "run" / "final.json").unlink()
     corrupt(root / "step-00000004")
-    bad, older = _digests(root / "step-00000004"), _digests(root / "step-00000002")
+    bad, older = file_digests(root / "step-00000004"), file_digests(root / "step-00000002")
     with pytest.warns(UserWarning, match=r"step-00000004.*kept aside as .*step-00000004\.invalid.*step-00000002"):
-        final = json.loads(train.train(cfg, _stream()).read_text())
-    assert _digests(root / "step-00000004.invalid") == bad and _digests(root / "step-00000002") == older
+        final = json.loads(train.train(cfg, token_stream()).read_text())
+    assert file_digests(root / "step-00000004.invalid") == bad and file_digests(root / "step-00000002") == older
     assert final["checkpoint"].endswith("step-00000004") and final["step"] == 4
     assert checkpoint.verify(root / "step-00000004", complete=True)["step"] == 4
-    assert _same(_model(root / "step-00000004"), _model(trained / "run" / "checkpoints" / "step-00000004"))
+    assert same_tensors(_model(root / "step-00000004"), _model(trained / "run" / "checkpoints" / "step-00000004"))
 
 
 def _evaluation_weights(run_dir: Path):
@@ -440,7 +421,7 @@ def test_a_folder_renamed_to_a_later_step_is_not_that_step(trained, tmp_path):
     (tmp_path / "run" / "final.json").unlink()
     os.replace(root / "step-00000004", root / "step-00000010")
     cfg = train_config(tmp_path, steps=10, accumulation=1, checkpoint_every=2)
-    renamed, older = _digests(root / "step-00000010"), _digests(root / "step-00000002")
+    renamed, older = file_digests(root / "step-00000010"), file_digests(root / "step-00000002")
     with pytest.warns(UserWarning, match=r"step-00000010 is named for step 10 but its manifest says step 4"):
         _, _, path = _evaluation_weights(tmp_path / "run")
     assert path.name == "step-00000002"
@@ -452,13 +433,13 @@ def test_a_folder_renamed_to_a_later_step_is_not_that_step(trained, tmp_path):
         pytest.warns(UserWarning, match=r"kept aside as .*step-00000010\.invalid"),
         pytest.raises(RunIdentityError, match="steps: checkpoint 4, config 10"),
     ):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000010.invalid"]
-    assert _digests(root / "step-00000010.invalid") == renamed and _digests(root / "step-00000002") == older
+    assert file_digests(root / "step-00000010.invalid") == renamed and file_digests(root / "step-00000002") == older
     os.replace(root / "step-00000010.invalid", root / "step-00000010")
     # the same run (4 steps) with its newest renamed: set aside, resumed from step 2, final.json at step 4
     with pytest.warns(UserWarning, match=r"kept aside as .*step-00000010\.invalid"):
-        final = json.loads(train.train(_cfg(tmp_path), _stream()).read_text())
+        final = json.loads(train.train(_cfg(tmp_path), token_stream()).read_text())
     assert final["step"] == 4 and final["checkpoint"].endswith("step-00000004")
     assert (root / "step-00000010.invalid" / "model.pt").is_file()
 
@@ -478,23 +459,23 @@ def test_a_second_set_aside_of_the_same_step_keeps_the_first(trained, tmp_path):
     (root / "step-00000004.invalid" / "evidence").write_text("an earlier bad checkpoint")
     (root / "step-00000004" / "model.pt").write_bytes(b"")
     with pytest.warns(UserWarning, match=r"kept aside as .*step-00000004\.invalid-2"):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     assert (root / "step-00000004.invalid" / "evidence").read_text() == "an earlier bad checkpoint"
 
 
 def test_another_runs_checkpoint_copied_in_is_refused_naming_what_differs_and_moves_nothing(trained, tmp_path):
     other = _cfg(tmp_path / "other", optim=OptimConfig(lr=1e-3))
-    train.train(other, _stream())
+    train.train(other, token_stream())
     cfg, root = _copy_of(trained, tmp_path)
     (tmp_path / "run" / "final.json").unlink()
     shutil.rmtree(root / "step-00000004")
     shutil.copytree(Path(other.run_dir) / "checkpoints" / "step-00000004", root / "step-00000004")
-    before = _digests(root)
+    before = file_digests(root)
     with pytest.raises(
         RunIdentityError, match=r"belongs to another run(.|\n)*optim.lr: checkpoint 0.001, config 0.003"
     ):
-        train.train(cfg, _stream())
-    assert _digests(root) == before
+        train.train(cfg, token_stream())
+    assert file_digests(root) == before
 
 
 def test_foreign_folders_are_left_alone_and_a_half_written_save_is_removed(trained, tmp_path):
@@ -509,7 +490,7 @@ def test_foreign_folders_are_left_alone_and_a_half_written_save_is_removed(train
     half = root / ".step-00000004.k1ll3d"  # what a SIGKILL inside a save leaves
     half.mkdir()
     (half / "model.pt").write_bytes(b"partial")
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     assert not half.exists()
     assert all((root / name / "note").read_text() == "x" for name in foreign)
     assert (root / "step-00000009").read_text() == "a file, not a folder"
@@ -570,11 +551,11 @@ def test_a_run_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_bits(t
     renamed checkpoint complete and writes only final.json), never touches step 2, and ends with the uninterrupted
     run's weights."""
     cfg = _resumable(trained, tmp_path)
-    older = _digests(Path(cfg.run_dir) / "checkpoints" / "step-00000002")
+    older = file_digests(Path(cfg.run_dir) / "checkpoints" / "step-00000002")
     images = tmp_path / "images"
     with monkeypatch.context() as patched:
         disk = _DiskAtEachPoint(patched, Path(cfg.run_dir), images)
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     points = disk.points  # a point added to the save is a kill point this test must reach: list it here
     assert points[5].startswith("synced .step-00000004.") and points[:5] + points[6:] == [
         "made the temporary directory",
@@ -589,10 +570,10 @@ def test_a_run_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_bits(t
     for k, point in enumerate(disk.points):
         image = dataclasses.replace(cfg, run_dir=str(images / str(k)))
         root = images / str(k) / "checkpoints"
-        final = json.loads(train.train(image, _stream()).read_text())
+        final = json.loads(train.train(image, token_stream()).read_text())
         assert [p.name for p in sorted(root.iterdir())] == ["step-00000002", "step-00000004"], point  # no temporary
-        assert _digests(root / "step-00000002") == older and final["step"] == 4, point
-        assert _same(_model(root / "step-00000004"), expected), point
+        assert file_digests(root / "step-00000002") == older and final["step"] == 4, point
+        assert same_tensors(_model(root / "step-00000004"), expected), point
 
 
 # ----- the file system refuses: full, read-only, no permission ----------------------------------------------
@@ -648,19 +629,19 @@ def test_a_full_disk_during_a_save_names_the_file_and_keeps_the_older_checkpoint
     shutil.copytree(_resumable(trained, tmp_path).run_dir, disk / "run")
     cfg = dataclasses.replace(_cfg(tmp_path), run_dir=str(disk / "run"))
     root = disk / "run" / "checkpoints"
-    older = _digests(root / "step-00000002")
+    older = file_digests(root / "step-00000002")
     filler = _fill(disk, leave=1 << 20)
     with pytest.raises(StorageError) as err:
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     message = str(err.value)
     assert err.value.errno == errno.ENOSPC and f"saving checkpoint {root / 'step-00000004'} failed at " in message
     assert re.search(r"/\.step-00000004\.[^/]+/\w+\.pt: No space left on device \(ENOSPC\)", message), message
     assert "free space there" in message and "nothing was deleted" in message
-    assert [p.name for p in root.iterdir()] == ["step-00000002"] and _digests(root / "step-00000002") == older
+    assert [p.name for p in root.iterdir()] == ["step-00000002"] and file_digests(root / "step-00000002") == older
     filler.unlink()
-    final = json.loads(train.train(cfg, _stream()).read_text())
+    final = json.loads(train.train(cfg, token_stream()).read_text())
     assert final["step"] == 4
-    assert _same(_model(root / "step-00000004"), _model(trained / "run" / "checkpoints" / "step-00000004"))
+    assert same_tensors(_model(root / "step-00000004"), _model(trained / "run" / "checkpoints" / "step-00000004"))
 
 
 def _trainer_parts() -> dict:
@@ -671,14 +652,14 @@ def test_a_save_to_a_read_only_file_system_names_the_path_and_changes_nothing(tr
     disk = mount(40 << 20)
     shutil.copytree(trained / "run", disk / "run")
     root = disk / "run" / "checkpoints"
-    before = _digests(disk / "run")
+    before = file_digests(disk / "run")
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
     with pytest.raises(StorageError, match=r"Read-only file system \(EROFS\); .*remount it read-write") as err:
         checkpoint.save(root, 6, _trainer_parts(), meta={})
     assert str(root / "step-00000006") in str(err.value)
     # the trainer stops at its lock; through the CLI: the path, the fix, exit 74, no traceback
     with pytest.raises(OSError, match=re.escape(str(disk / "run" / ".lock"))) as raw:
-        train.train(dataclasses.replace(_cfg(tmp_path), run_dir=str(disk / "run")), _stream())
+        train.train(dataclasses.replace(_cfg(tmp_path), run_dir=str(disk / "run")), token_stream())
     assert raw.value.errno == errno.EROFS
     from ue5m3 import cli
 
@@ -687,7 +668,7 @@ def test_a_save_to_a_read_only_file_system_names_the_path_and_changes_nothing(tr
     assert f"{disk / 'analysis'}" in err_text and "EROFS" in err_text and "Traceback" not in err_text
     # evaluation reads a read-only run
     _, _, path = _evaluation_weights(disk / "run")
-    assert path.name == "step-00000004" and _digests(disk / "run") == before
+    assert path.name == "step-00000004" and file_digests(disk / "run") == before
 
 
 @contextlib.contextmanager
@@ -725,7 +706,7 @@ def shared(tmp_path) -> Iterator[Path]:
 def test_a_save_without_write_permission_names_the_directory_and_the_fix(trained, shared):
     shutil.copytree(trained / "run", shared / "run")
     root = shared / "run" / "checkpoints"
-    before = _digests(root)
+    before = file_digests(root)
     with _unprivileged(shared / "run"):
         root.chmod(0o555)
         try:
@@ -733,7 +714,7 @@ def test_a_save_without_write_permission_names_the_directory_and_the_fix(trained
                 checkpoint.save(root, 6, _trainer_parts(), meta={})
         finally:
             root.chmod(0o755)
-    assert str(root / "step-00000006") in str(err.value) and _digests(root) == before
+    assert str(root / "step-00000006") in str(err.value) and file_digests(root) == before
 
 
 def test_an_unreadable_checkpoint_file_stops_the_resume_naming_it_and_sets_nothing_aside(trained, shared, tmp_path):
@@ -741,17 +722,17 @@ def test_an_unreadable_checkpoint_file_stops_the_resume_naming_it_and_sets_nothi
     shutil.copytree(trained / "run", shared / "run")
     (shared / "run" / "final.json").unlink()
     root = shared / "run" / "checkpoints"
-    before = _digests(root)
+    before = file_digests(root)
     cfg = dataclasses.replace(_cfg(tmp_path), run_dir=str(shared / "run"))
     with _unprivileged(shared / "run"):
         (root / "step-00000004" / "model.pt").chmod(0)
         try:
             with pytest.raises(checkpoint.CheckpointUnreadable, match=r"step-00000004/model\.pt") as err:
-                train.train(cfg, _stream())
+                train.train(cfg, token_stream())
         finally:
             (root / "step-00000004" / "model.pt").chmod(0o644)
     assert "ermission" in str(err.value)
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000004"] and _digests(root) == before
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000004"] and file_digests(root) == before
 
 
 # ----- torn and mismatched data records ---------------------------------------------------------------------
@@ -835,13 +816,13 @@ def test_a_torn_or_altered_data_record_is_named_with_how_to_make_it_again(prepar
     data = _data_copy(prepared, tmp_path)
     named = _NAMED[case](data)  # before the fault: a deleted file's path
     fault(data)
-    before = _digests(Path(data.data_dir))
+    before = file_digests(Path(data.data_dir))
     with pytest.raises(error) as err:
         open_data(data)
     message = str(err.value)
     assert str(named) in message and says in message, message
     assert "prepare" in message and "ue5m3 prepare-data" in message or "restore it" in message, message
-    assert _digests(Path(data.data_dir)) == before
+    assert file_digests(Path(data.data_dir)) == before
 
 
 def test_data_prepared_with_another_vocabulary_is_refused_before_the_run_directory_is_made(prepared, tmp_path):

@@ -1,7 +1,7 @@
 """Tests for small floating-point formats and exact rounding onto them (numerics spec sections 1-2).
 
-Oracles: the spec's format table restated in ``conftest.py`` (exact value tables and an exact float64 rounding
-reference), ml_dtypes casts (RNE) and gfloat (RNE and RTZ). Every comparison is bit-exact (atol = rtol = 0)
+Oracles: the spec's format table restated in ``helpers/format_oracles.py`` (exact value tables and an exact float64
+rounding reference), ml_dtypes casts (RNE) and gfloat (RNE and RTZ). Every comparison is bit-exact (atol = rtol = 0)
 unless a comment says otherwise.
 """
 
@@ -29,12 +29,12 @@ from gfloat.formats import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import (
+from helpers.bits import assert_same_f32_bits
+from helpers.format_oracles import (
     ALL_FORMAT_NAMES,
     SIGNED_FORMAT_NAMES,
     SPEC_FIELDS,
     UNSIGNED_FORMAT_NAMES,
-    f32_bits,
     grid_neighbours,
     neighbours_f64,
     oracle_inputs,
@@ -62,17 +62,6 @@ def as_t(a) -> torch.Tensor:
 
 def rounded(x, fmt, mode="rne", **kw) -> np.ndarray:
     return formats.round(as_t(x), fmt, mode, **kw).numpy()
-
-
-def assert_bits_equal(actual, expected, x=None):
-    a, e = f32_bits(actual), f32_bits(expected)
-    if not np.array_equal(a, e):
-        bad = np.flatnonzero(a != e)[:8]
-        where = "" if x is None else f" inputs {np.asarray(x)[bad].tolist()}"
-        raise AssertionError(
-            f"{bad.size} mismatches, first at {bad.tolist()}:{where} got {np.asarray(actual)[bad].tolist()} "
-            f"expected {np.asarray(expected)[bad].tolist()}"
-        )
 
 
 # ----- descriptor facts ---------------------------------------------------------------------------------
@@ -277,7 +266,7 @@ def test_rne_matches_ml_dtypes_cast(fmt):
     x = oracle_inputs(fmt.name, seed=1)
     xc = x if clamp is None else np.clip(x, -clamp, clamp)
     expected = xc.astype(dtype).astype(np.float32)
-    assert_bits_equal(rounded(x, fmt), expected, x)
+    assert_same_f32_bits(rounded(x, fmt), expected, inputs=x)
 
 
 def _rne_marks(name, mode):
@@ -296,7 +285,7 @@ def test_round_matches_gfloat(fmt, mode):
     x = oracle_inputs(fmt.name, seed=2)
     rnd = gfloat.RoundMode.TiesToEven if mode == "rne" else gfloat.RoundMode.TowardZero
     expected = gfloat.round_ndarray(GFLOAT_INFO[fmt.name], x.astype(np.float64), rnd, sat=True)
-    assert_bits_equal(rounded(x, fmt, mode), expected.astype(np.float32), x)
+    assert_same_f32_bits(rounded(x, fmt, mode), expected.astype(np.float32), inputs=x)
 
 
 @pytest.mark.parametrize(
@@ -311,7 +300,7 @@ def test_round_matches_exact_float64_reference(fmt, mode):
     x = oracle_inputs(fmt.name, seed=3)
     if not fmt.has_zero:  # formats without zero also saturate at the bottom: add inputs below min
         x = np.concatenate([x, np.float32([0.0, 1e-45, 1e-40, 2.0**-128])])
-    assert_bits_equal(rounded(x, fmt, mode), reference_round(x, fmt.name, mode), x)
+    assert_same_f32_bits(rounded(x, fmt, mode), reference_round(x, fmt.name, mode), inputs=x)
 
 
 def test_ue8m0_rne_ties_go_to_the_even_exponent_code():
@@ -342,7 +331,7 @@ def test_low_precision_inputs_are_rounded_in_fp32(dtype):
 def test_e2m1_rne_golden_values_keep_the_sign_of_zero():
     x = [-100, -0.75, -0.25, 0, 0.25, 0.5, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 100]
     expected = [-6, -1, -0.0, 0, 0, 0.5, 1, 1, 2, 2, 4, 4, 6]
-    assert_bits_equal(rounded(x, "e2m1"), expected)
+    assert_same_f32_bits(rounded(x, "e2m1"), expected)
     assert np.signbit(rounded(x, "e2m1")[2])
 
 
@@ -539,7 +528,7 @@ def test_zero_elements_consume_random_bits_and_stay_zero(mode):
     # zeros at 0 and 2 take the opposite draws without moving.
     bits = torch.tensor([up, down, down, up])
     out = formats.round(x, "e2m1", mode, random_bits=bits)
-    assert_bits_equal(out.numpy(), [0.0, 0.5, -0.0, 1.0])
+    assert_same_f32_bits(out.numpy(), [0.0, 0.5, -0.0, 1.0])
     # With a generator the zeros take their draws too: same as drawing bits for the full shape.
     x = torch.tensor([0.0] * 5 + [0.75] * 200)
     drawn = formats.round(x, "e2m1", mode, generator=torch.Generator().manual_seed(3))
@@ -559,7 +548,7 @@ def test_unsigned_format_rejects_negative_input_naming_the_tensor(fmt):
         formats.round_to_format(torch.tensor([1.0, -2.0]), fmt, name="dY")
     # -0.0 is not negative: it rounds to +0 (unsigned formats have no sign).
     if fmt.has_zero:
-        assert_bits_equal(formats.round(torch.tensor([-0.0]), fmt).numpy(), [0.0])
+        assert_same_f32_bits(formats.round(torch.tensor([-0.0]), fmt).numpy(), [0.0])
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
@@ -653,7 +642,7 @@ def test_rounding_is_idempotent(fmt, data, seed):
     # Rounding a representable value again, in any mode and with any draws, returns it unchanged.
     values = np.concatenate([v for v, _ in once.values()])
     for twice, _ in _round_all_modes(values, fmt, seed + 1).values():
-        assert_bits_equal(twice, values)
+        assert_same_f32_bits(twice, values)
 
 
 @pytest.mark.parametrize("fmt", fmt_params())
@@ -673,7 +662,7 @@ def test_signed_rounding_is_sign_symmetric_in_every_mode(fmt, data, seed):
     x = data.draw(format_arrays(fmt.name))
     pos, neg = _round_all_modes(x, fmt, seed), _round_all_modes(-x, fmt, seed)
     for mode in ALL_MODES:
-        assert_bits_equal(neg[mode][0], -pos[mode][0])
+        assert_same_f32_bits(neg[mode][0], -pos[mode][0])
 
 
 @pytest.mark.parametrize("fmt", fmt_params())
@@ -693,7 +682,7 @@ def test_rounding_saturates_at_max_finite_and_lands_on_a_nearest_value(fmt, data
             inside = np.abs(x) >= table[0]  # formats without zero cannot round below their smallest value
             assert np.all(np.abs(out[inside]) <= np.abs(x[inside]))
         if mode == "rne":
-            assert_bits_equal(out, reference_round(x, fmt.name, "rne"), x)
+            assert_same_f32_bits(out, reference_round(x, fmt.name, "rne"), inputs=x)
 
 
 @pytest.mark.parametrize("fmt", fmt_params())
@@ -714,7 +703,7 @@ def test_rounding_commutes_with_power_of_two_scaling_inside_the_normal_range(fmt
         return
     if fmt.signed and data.draw(st.booleans()):
         x, y = -x, -y
-    assert_bits_equal(rounded([y], fmt, mode), np.float32([math.ldexp(float(rounded([x], fmt, mode)[0]), k)]))
+    assert_same_f32_bits(rounded([y], fmt, mode), np.float32([math.ldexp(float(rounded([x], fmt, mode)[0]), k)]))
 
 
 # ----- the reference implementations' FP32 forms of the 8-bit stochastic modes -------------------------------

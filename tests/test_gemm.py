@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rational import fp32 as _fp32
+from helpers.rational import fp32 as _fp32
 from ue5m3.numerics import gemm
 from ue5m3.numerics.quantize import quantize
 

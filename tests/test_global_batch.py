@@ -7,22 +7,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from test_train import _config as train_config
+from helpers.distributed import worker_command
+from helpers.training import final_model, same_tensors, train_config
 from ue5m3.data import RandomTokenStream
-from ue5m3.training import checkpoint
 from ue5m3.training import loop as train
 from ue5m3.training.config import TrainConfig
 from ue5m3.training.identity import fingerprint, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("distributed_worker.py")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -122,11 +119,6 @@ def test_batch_settings_are_refused_where_they_enter_naming_the_key(tmp_path, se
         TrainConfig.from_dict(values)
 
 
-def _weights(run_dir) -> dict:
-    parts, _ = checkpoint.load(checkpoint.latest(Path(run_dir) / "checkpoints"))
-    return parts["model"]
-
-
 def test_a_run_stated_by_its_global_batch_trains_and_resumes_as_the_same_run_stated_by_accumulation(tmp_path):
     stated = train_config(tmp_path, steps=4, micro_batch=2, accumulation=2, run_dir=str(tmp_path / "stated"))
     train.train(stated, RandomTokenStream(4096, 64), stop_after=2)
@@ -135,8 +127,7 @@ def test_a_run_stated_by_its_global_batch_trains_and_resumes_as_the_same_run_sta
     train.train(derived, RandomTokenStream(4096, 64))
     reference = train_config(tmp_path, steps=4, micro_batch=2, accumulation=2, run_dir=str(tmp_path / "reference"))
     train.train(reference, RandomTokenStream(4096, 64))
-    a, b = _weights(stated.run_dir), _weights(reference.run_dir)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert same_tensors(final_model(stated.run_dir), final_model(reference.run_dir))
 
 
 @pytest.mark.slow
@@ -146,10 +137,7 @@ def test_two_ranks_refuse_a_global_batch_they_cannot_split_before_touching_the_r
     values["run_dir"] = str(run_dir)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(values))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    result = subprocess.run(
-        [*command, str(WORKER), str(path)], capture_output=True, text=True, timeout=300, env=dict(os.environ)
-    )
+    result = subprocess.run(worker_command(2, path), capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert result.returncode != 0
     assert "global_batch: 6 sequences per step cannot be split over 2 rank(s) of micro_batch 2" in result.stderr
     assert "2 x 2 = 4" in result.stderr

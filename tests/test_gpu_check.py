@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmark_helpers import load_benchmark
+from helpers.benchmark_scripts import load_benchmark
 
 
 def _module():

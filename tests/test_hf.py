@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.ports import free_port
 from ue5m3 import cli, models
 from ue5m3.models import hf
 from ue5m3.models.nemotron_h import NemotronH
@@ -280,7 +281,7 @@ def test_lm_evals_own_hf_backend_scores_an_export_offline_and_the_verb_alike_wit
     (the eval extra carries accelerate, which lm-eval's HF backend imports), offline. ``ue5m3 lm-eval`` with the same
     arguments (lm-eval's CLI in-process, after the project's logging setup) scores the same and its stderr holds no
     line of the third-party noise that ``ue5m3.logs.NOISE`` drops (torchao's extensions that do not load here)."""
-    from lm_eval_helpers import run_lm_eval_cli, write_tiny_task
+    from helpers.lm_eval_tools import run_lm_eval_cli, write_tiny_task
 
     export = tmp_path / "hf"
     assert cli.main(["export-hf", "--run-dir", str(run), "--out", str(export)]) == 0
@@ -301,14 +302,6 @@ def test_lm_evals_own_hf_backend_scores_an_export_offline_and_the_verb_alike_wit
     assert any(n in users.stderr for n in noise)  # lm-eval alone prints them here: the filter is what drops them
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_sharded_checkpoint_exports_the_same_weights(tmp_path, run):
     import torch.distributed as dist
@@ -325,7 +318,7 @@ def test_a_sharded_checkpoint_exports_the_same_weights(tmp_path, run):
     sharded_run = tmp_path / "run"
     sharded_run.mkdir()
     shutil.copy(run / "config.resolved.json", sharded_run)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         path = checkpoint.save_sharded(

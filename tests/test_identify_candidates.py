@@ -9,8 +9,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from rational import fp32 as _round_fp32
-from rational import snap as _snap
+from helpers.rational import fp32 as _round_fp32
+from helpers.rational import snap as _snap
 from ue5m3.identify import candidate_grid, parse
 from ue5m3.identify.candidates import Candidate, accumulate_cells
 from ue5m3.numerics import gemm

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from identify_helpers import SMALL
+from helpers.identify import SMALL
 from ue5m3.identify import make_corpus
 from ue5m3.identify.corpus import Corpus
 

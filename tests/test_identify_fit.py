@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from identify_helpers import SMALL
+from helpers.identify import SMALL
 from ue5m3.identify import EmulatorOracle, candidate_grid, fit, make_corpus, parse
 from ue5m3.identify.corpus import Corpus
 from ue5m3.identify.probes import FP8, CorpusConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from identify_helpers import SMALL
+from helpers.identify import SMALL
 from ue5m3.identify.corpus import Corpus
 from ue5m3.identify.probes import Probe, _bf16_midpoint_distance, witness_probe
 

@@ -2,62 +2,15 @@
 
 import dataclasses
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from ue5m3.data import Corpus, DataConfig, EvalSet, RandomTokenStream, build_data, open_data
+from ue5m3.data import EvalSet, open_data
 from ue5m3.evaluation.inference import InferencePolicy, InferenceScales, load_for_inference
 from ue5m3.layers import recipes
 from ue5m3.layers.linear import QuantLinear
-from ue5m3.training import loop as train
 from ue5m3.training.checkpoint import CheckpointError
-from ue5m3.training.config import OptimConfig, TrainConfig
-
-FIXTURES = Path(__file__).parent / "fixtures" / "data" / "olmo_mix"
-
-
-def make_run(root: Path, recipe: str = "ue5m3_b16") -> tuple[Path, DataConfig]:
-    """A 2-step dense_debug run whose data section points at tiny prepared fixture data."""
-    config = DataConfig(
-        corpus=Corpus.OLMO_MIX,
-        stream_a_files=(str(FIXTURES / "dclm" / "*.jsonl"),),
-        stream_b_files=(str(FIXTURES / "olmo_no_dclm" / "*.jsonl"),),
-        vocab_size=300,
-        sequence_length=64,
-        validation_fraction=0.25,
-        calibration_fraction=0.25,
-        validation_windows=4,
-        calibration_windows=2,
-        data_dir=str(root / "data"),
-    )
-    build_data(config)
-    cfg = TrainConfig(
-        run_dir=str(root / "run"),
-        model="dense_debug",
-        model_overrides={"vocab_size": 300},  # the trained BPE's size
-        recipe=recipe,
-        seed=5,
-        steps=2,
-        micro_batch=1,
-        accumulation=1,
-        data=config.to_dict(),
-        checkpoint_every=2,
-        optim=OptimConfig(lr=3e-3),
-    )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        train.train(cfg, RandomTokenStream(300, 64, seed=0))
-    finally:
-        torch.set_num_threads(threads)
-    return root / "run", config
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("inference"))
 
 
 def test_replay_refreshes_activation_references_at_units_1_51_101_and_holds_between():
@@ -92,8 +45,8 @@ def test_inference_scales_refuse_gradients_steps_and_unfrozen_weights():
         InferenceScales("delayed")
 
 
-def test_forward_unit_advances_the_counter_once_and_every_module_is_in_inference(run):
-    run_dir, _ = run
+def test_forward_unit_advances_the_counter_once_and_every_module_is_in_inference(tiny_run):
+    run_dir, _ = tiny_run
     loaded = load_for_inference(run_dir, policy="cold_d50_replay", device="cpu")
     quant = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
     assert quant and all(m.inference and m.scale_state is loaded.scales for m in quant)
@@ -108,8 +61,8 @@ def test_forward_unit_advances_the_counter_once_and_every_module_is_in_inference
     assert len(refreshes) == len(quant) and set(refreshes.values()) == {1}
 
 
-def test_weights_are_frozen_once_at_their_loaded_amax(run):
-    run_dir, _ = run
+def test_weights_are_frozen_once_at_their_loaded_amax(tiny_run):
+    run_dir, _ = tiny_run
     loaded = load_for_inference(run_dir, policy="current_tensor", device="cpu")
     for module in loaded.model.modules():
         if isinstance(module, QuantLinear):
@@ -117,8 +70,8 @@ def test_weights_are_frozen_once_at_their_loaded_amax(run):
             assert float(ref) == float(module.weight.detach().abs().amax())
 
 
-def test_identity_records_checkpoint_hash_recipe_policy_and_gemm(run):
-    run_dir, _ = run
+def test_identity_records_checkpoint_hash_recipe_policy_and_gemm(tiny_run):
+    run_dir, _ = tiny_run
     loaded = load_for_inference(run_dir, policy="current_tensor", device="cpu")
     identity = loaded.identity
     assert len(identity["checkpoint_sha256"]) == 64 and identity["checkpoint_step"] == 2
@@ -126,8 +79,8 @@ def test_identity_records_checkpoint_hash_recipe_policy_and_gemm(run):
     assert identity["gemm_output_model"] == "probe_matched" and identity["seed"] == 5
 
 
-def test_calibrated_frozen_refuses_calibration_that_overlaps_validation(run):
-    run_dir, config = run
+def test_calibrated_frozen_refuses_calibration_that_overlaps_validation(tiny_run):
+    run_dir, config = tiny_run
     opened = open_data(config)
     with pytest.raises(ValueError, match="share .* document"):
         load_for_inference(
@@ -140,8 +93,8 @@ def test_calibrated_frozen_refuses_calibration_that_overlaps_validation(run):
         load_for_inference(run_dir, policy="calibrated_frozen")
 
 
-def test_calibrated_frozen_holds_the_running_max_of_the_calibration_stream(run):
-    run_dir, config = run
+def test_calibrated_frozen_holds_the_running_max_of_the_calibration_stream(tiny_run):
+    run_dir, config = tiny_run
     opened = open_data(config)
     loaded = load_for_inference(
         run_dir, policy="calibrated_frozen", calibration=opened.calibration, validation=opened.validation
@@ -163,8 +116,8 @@ def test_calibrated_frozen_holds_the_running_max_of_the_calibration_stream(run):
     assert frozen[name] == max(seen)
 
 
-def test_a_corrupted_checkpoint_is_refused_naming_the_file(run, tmp_path):
-    run_dir, _ = run
+def test_a_corrupted_checkpoint_is_refused_naming_the_file(tiny_run, tmp_path):
+    run_dir, _ = tiny_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     model_pt = copy / "checkpoints" / "step-00000002" / "model.pt"
@@ -177,8 +130,8 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(run, tmp_path):
         load_for_inference(run_dir, 7, policy="current_tensor")
 
 
-def test_a_mismatched_recipe_is_refused_naming_both(run):
-    run_dir, _ = run
+def test_a_mismatched_recipe_is_refused_naming_both(tiny_run):
+    run_dir, _ = tiny_run
     with pytest.raises(ValueError, match="'ue5m3_b32'.*'ue5m3_b16'"):
         load_for_inference(run_dir, policy="current_tensor", recipe="ue5m3_b32")
     # the given recipe is resolved for the run's model: the final 8 layers do not fit the 2-layer debug model
@@ -191,8 +144,8 @@ def test_a_mismatched_recipe_is_refused_naming_both(run):
     assert type(same_scheme.model.get_submodule("model.layers.1.mlp.up_proj")) is torch.nn.Linear  # its BF16 layer
 
 
-def test_bf16_policy_on_a_quantized_run_must_be_forced(run):
-    run_dir, _ = run
+def test_bf16_policy_on_a_quantized_run_must_be_forced(tiny_run):
+    run_dir, _ = tiny_run
     with pytest.raises(ValueError, match="force_bf16"):
         load_for_inference(run_dir, policy="bf16")
     loaded = load_for_inference(run_dir, policy=InferencePolicy.BF16, force_bf16=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from recipe_helpers import for_8b
+from helpers.recipes import for_8b
 from ue5m3.layers import linear, matmul, recipes, telemetry
 from ue5m3.layers.linear import FP4Matmul, QuantLinear, convert, find_quant_stats, find_scale_state
 from ue5m3.layers.recipes import GemmModel, Operand

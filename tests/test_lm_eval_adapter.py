@@ -14,10 +14,10 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 
-from lm_eval_helpers import ByteTokenizer, Unit
+from helpers.lm_eval_tools import ByteTokenizer, Unit
+from helpers.olmes import needs_wheel
 from ue5m3 import models
 from ue5m3.evaluation.lm_eval import UE5M3LM
-from ue5m3.evaluation.olmes import taskdata
 
 # Batched (right-padded) and single-row forwards run GEMMs of different shapes, so float32 sums may differ in the
 # last bits; 1e-4 absolute on log-probs of ~-8 per token is far below any accuracy-relevant difference.
@@ -301,23 +301,19 @@ def test_explicit_values_need_no_run_config_and_a_missing_one_is_named(monkeypat
         UE5M3LM.create_from_arg_string(f"run_dir={tmp_path / 'bare'},policy=bf16,tokenizer={other}")
 
 
-needs_wheel = pytest.mark.skipif(not taskdata.available(), reason="no OLMES task data (ue5m3 fetch-olmes-data)")
-
-
 @pytest.mark.slow
 @needs_wheel
-def test_simple_evaluate_with_model_args_scores_as_the_adapter_built_from_the_run(tmp_path, monkeypatch):
+def test_simple_evaluate_with_model_args_scores_as_the_adapter_built_from_the_run(tiny_run, tmp_path, monkeypatch):
     """The documented Python path: ``lm_eval.simple_evaluate(model="ue5m3", model_args="run_dir=..,policy=..")``
     scores a real run exactly as ``UE5M3LM`` built from the run's tokenizer and sequence length does."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from test_inference import make_run
     from ue5m3.data import open_tokenizer
     from ue5m3.evaluation import olmes
     from ue5m3.evaluation.inference import load_for_inference
 
-    run_dir, data = make_run(tmp_path / "r")
+    run_dir, data = tiny_run
     names = olmes.build_core9_tasks(tmp_path / "tasks", ["arc_easy"], ["mc"], n=4)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

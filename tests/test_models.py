@@ -469,7 +469,7 @@ def test_loading_a_mismatched_checkpoint_raises(tmp_path):
 
 @pytest.mark.parametrize("name", DEBUG)
 def test_every_eligible_linear_converts_and_the_model_still_trains(name):
-    from recipe_helpers import for_debug
+    from helpers.recipes import for_debug
     from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
 
     model = models.build(name)

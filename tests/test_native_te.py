@@ -9,21 +9,14 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.backends import native_te_available
 from ue5m3.layers import native_te, recipes
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.scaling import OperandRole
 
 
-def _native_available() -> bool:
-    try:
-        native_te.require_native()
-    except native_te.NativeUnavailable:
-        return False
-    return True
-
-
 def test_native_path_fails_closed_with_an_install_hint_when_unavailable():
-    if _native_available():
+    if native_te_available():
         pytest.skip("a Blackwell GPU with Transformer Engine is present")
     with pytest.raises(native_te.NativeUnavailable, match="Transformer Engine|compute capability|CUDA"):
         native_te.autocast(recipes.get("nvfp4_te"))
@@ -46,7 +39,7 @@ def test_execution_path_records_emulation():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _native_available(), reason="needs Transformer Engine and a Blackwell GPU (cc >= 10.0)")
+@pytest.mark.skipif(not native_te_available(), reason="needs Transformer Engine and a Blackwell GPU (cc >= 10.0)")
 def test_native_te_linear_trains_a_step_under_the_nvfp4_recipe():  # pragma: no cover - Blackwell only
     recipe = recipes.get("nvfp4_te")
     te_recipe = native_te.te_recipe(recipe)

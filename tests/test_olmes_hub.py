@@ -3,12 +3,10 @@ Hugging Face hub; refused clearly without it, and run end to end on a local copy
 
 from __future__ import annotations
 
-import importlib.util
-import json
-
 import pytest
 import torch
 
+from helpers.olmes import lm_eval_mmlu_pro_dir
 from ue5m3.evaluation import olmes
 
 
@@ -22,14 +20,6 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
-
-
-def lm_eval_mmlu_pro_dir():
-    from pathlib import Path
-
-    return (
-        Path(next(iter(importlib.util.find_spec("lm_eval").submodule_search_locations))) / "tasks/leaderboard/mmlu_pro"
-    )
 
 
 @pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
@@ -101,62 +91,6 @@ def test_lm_eval_mmlu_pro_config_fails_clearly_when_datasets_cannot_reach_the_hu
         olmes.run_hub_suite(None, ["mmlu_pro_mc"], task_manager=manager, check_hub=False)
 
 
-MMLU_PRO_COLUMNS = ("question_id", "question", "options", "answer", "answer_index", "cot_content", "category", "src")
-
-
-def make_local_mmlu_pro(tmp_path):
-    """lm-eval's leaderboard_mmlu_pro config, copied verbatim but for its dataset: a tiny local MMLU-Pro in JSON
-    under ``tmp_path / "mmlu_pro"``; returns a TaskManager reading it and the rows.
-
-    The validation split's first five rows (the shots) are of categories math and law; the test rows, of math, law
-    and biology, have 3 to 10 options.
-    """
-    import re
-    import shutil
-
-    from lm_eval.tasks import TaskManager
-
-    src = lm_eval_mmlu_pro_dir()
-    task_dir = tmp_path / "mmlu_pro"
-    task_dir.mkdir()
-    shutil.copy(src / "utils.py", task_dir / "utils.py")
-    splits = {"validation": 7, "test": 4}
-    rows = {}
-    for split, count in splits.items():
-        rows[split] = []
-        for i in range(count):
-            k = (3, 10, 4, 5, 7)[i % 5]
-            gold = (i * 3) % k
-            options = [f"{split[0]}{i}-{j}" for j in range(k)]
-            row = dict.fromkeys(MMLU_PRO_COLUMNS)
-            row.update(
-                question_id=i,
-                question=f"{split[0]}q{i}?",
-                options=options,
-                answer="ABCDEFGHIJ"[gold],
-                answer_index=gold,
-                cot_content="",
-                category=("math", "law", "biology")[i % 3] if split == "test" else ("math", "law")[i % 2],
-                src=f"fixture-{split}",
-            )
-            rows[split].append(row)
-        (task_dir / f"{split}.json").write_text("".join(json.dumps(r) + "\n" for r in rows[split]))
-    config = (src / "mmlu_pro.yaml").read_text()
-    local = "dataset_path: json\ndataset_kwargs:\n  data_files:\n" + "".join(
-        f"    {split}: {json.dumps(str(task_dir / f'{split}.json'))}\n" for split in splits
-    )
-    config, count = re.subn(r"^dataset_path: .*\n", local, config, flags=re.M)
-    assert count == 1 and "TIGER-Lab/MMLU-Pro" not in config
-    (task_dir / "mmlu_pro.yaml").write_text(config)
-    return TaskManager(include_path=str(task_dir), include_defaults=False), rows
-
-
-@pytest.fixture
-def local_mmlu_pro(tmp_path):
-    """:func:`make_local_mmlu_pro` in the test's ``tmp_path``."""
-    return make_local_mmlu_pro(tmp_path)
-
-
 def mmlu_pro_block(row: dict) -> str:
     """lm-eval's leaderboard_mmlu_pro rendering of a question (utils.doc_to_text): no "Question: ", no leading space."""
     return (
@@ -168,7 +102,7 @@ def test_mmlu_pro_task_config_runs_end_to_end_offline_on_a_local_copy(local_mmlu
     """The MC scoring path of lm-eval's leaderboard_mmlu_pro config (5-shot, letters A-J, acc) and the aggregate key."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_helpers import ByteTokenizer, Unit
+    from helpers.lm_eval_tools import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 

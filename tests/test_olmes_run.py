@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_olmes_hub import make_local_mmlu_pro
-from test_olmes_tasks import N, needs_wheel, read_docs
+from helpers.olmes import DOCS_PER_TASK, needs_wheel, read_docs
 from ue5m3.evaluation import olmes
 from ue5m3.evaluation.olmes import run as olmes_run
 from ue5m3.evaluation.olmes import tasks as olmes_tasks
@@ -18,7 +17,7 @@ from ue5m3.evaluation.olmes import tasks as olmes_tasks
 
 @needs_wheel
 def test_lm_eval_runs_offline_end_to_end_and_scores_match_direct_loglikelihoods(tmp_path):
-    from lm_eval_helpers import ByteTokenizer, Unit
+    from helpers.lm_eval_tools import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 
@@ -52,10 +51,10 @@ def test_lm_eval_runs_offline_end_to_end_and_scores_match_direct_loglikelihoods(
 
 @pytest.fixture(scope="module")
 def winogrande_hellaswag(tmp_path_factory):
-    """WinoGrande and HellaSwag, MC and RC, N docs each: the same files as test_olmes_tasks's Core 9 fixture holds
-    for them (the subsample is per task and deterministic)."""
+    """WinoGrande and HellaSwag, MC and RC, ``DOCS_PER_TASK`` docs each: the same files as test_olmes_tasks's Core 9
+    fixture holds for them (the subsample is per task and deterministic)."""
     task_dir = tmp_path_factory.mktemp("core9")
-    olmes.build_core9_tasks(task_dir, ["winogrande", "hellaswag"], n=N)
+    olmes.build_core9_tasks(task_dir, ["winogrande", "hellaswag"], n=DOCS_PER_TASK)
     return task_dir
 
 
@@ -64,7 +63,7 @@ def test_winogrande_and_hellaswag_run_offline_end_to_end_with_olmes_scoring(wino
     """Multiple-input WinoGrande RC (context per choice), WinoGrande MC and HellaSwag RC (per-char) via lm-eval."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_helpers import ByteTokenizer, Unit
+    from helpers.lm_eval_tools import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 
@@ -73,7 +72,7 @@ def test_winogrande_and_hellaswag_run_offline_end_to_end_with_olmes_scoring(wino
     net = models.build("dense_debug", device="cpu", generator=torch.Generator().manual_seed(0)).eval()
     lm = UE5M3LM(Unit(net), ByteTokenizer(), batch_size=8, max_length=512)
     out = olmes.run_suite(lm, task_dir, names, log_samples=False)
-    assert lm.n_units == (N * 2 + N * 2 + N * 4) // 8
+    assert lm.n_units == DOCS_PER_TASK * (2 + 2 + 4) // 8
 
     manifest = json.loads((task_dir / olmes.MANIFEST).read_text())
     for name in names:
@@ -84,7 +83,7 @@ def test_winogrande_and_hellaswag_run_offline_end_to_end_with_olmes_scoring(wino
             if manifest[name]["metric"] == "acc_norm":
                 lls = [ll / len(cont) for ll, (_, cont) in zip(lls, pairs, strict=True)]
             hits += max(range(len(lls)), key=lls.__getitem__) == d["gold"]
-        assert out["scores"][name] == pytest.approx(hits / N)
+        assert out["scores"][name] == pytest.approx(hits / DOCS_PER_TASK)
     assert out["aggregates"]["core9"]["winogrande"]["best"] == max(
         out["scores"]["ue5m3_winogrande_mc"], out["scores"]["ue5m3_winogrande_rc"]
     )
@@ -104,25 +103,19 @@ def test_mmlu_pro_mc_is_a_downstream_task_with_nothing_to_build(tmp_path):
             olmes_run._task_sets([wrong])
 
 
-@pytest.fixture
-def local_mmlu_pro(tmp_path):
-    """test_olmes_hub's local copy of lm-eval's leaderboard_mmlu_pro, in the test's ``tmp_path``."""
-    return make_local_mmlu_pro(tmp_path)
-
-
 @pytest.mark.parametrize(
     "tasks",
     [["mmlu_pro_mc"], pytest.param(["arc_easy", "mmlu_pro_mc"], marks=needs_wheel)],
     ids=["alone", "with_core9"],
 )
-def test_evaluate_run_puts_mmlu_pro_beside_the_offline_suites(local_mmlu_pro, tmp_path, monkeypatch, tasks):
+def test_evaluate_run_puts_mmlu_pro_beside_the_offline_suites(
+    local_mmlu_pro, tiny_bf16_run, tmp_path, monkeypatch, tasks
+):
     """evaluate_run with the hub task (its config pointed at the local copy, the hub check stubbed)."""
     import functools
 
-    from test_inference import make_run
-
     manager, rows = local_mmlu_pro
-    run_dir, _ = make_run(tmp_path / "train", recipe="bf16")
+    run_dir, _ = tiny_bf16_run
     checked = []
     monkeypatch.setattr(  # evaluate_run looks both up in ue5m3.evaluation.olmes.run
         olmes_run, "check_hub_access", lambda t: checked.append(list(t)) or {"TIGER-Lab/MMLU-Pro": "c0ffee"}
@@ -161,7 +154,7 @@ def _no_absolute_path_in(task_dir) -> list[str]:
 def test_a_task_folder_scores_the_same_after_it_is_moved(tmp_path):
     """The YAMLs name their docs relative to the folder (through its loader): built in one place, moved, scored from
     the new place with the same scores; the sidecars move along and the folder is not rebuilt there."""
-    from lm_eval_helpers import ByteTokenizer, Unit
+    from helpers.lm_eval_tools import ByteTokenizer, Unit
     from ue5m3 import models
     from ue5m3.evaluation.lm_eval import UE5M3LM
 

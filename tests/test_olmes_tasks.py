@@ -8,12 +8,10 @@ import json
 
 import pytest
 
+from helpers.olmes import DOCS_PER_TASK, HAVE_WHEEL, needs_wheel, read_docs
 from ue5m3.evaluation import olmes
 from ue5m3.evaluation.olmes import taskdata
 from ue5m3.evaluation.olmes import tasks as olmes_tasks
-
-HAVE_WHEEL = taskdata.available()
-needs_wheel = pytest.mark.skipif(not HAVE_WHEEL, reason=f"no OLMES task data (run `{olmes.INSTALL_HINT}`)")
 
 
 def test_missing_data_error_gives_the_fetch_command(monkeypatch, tmp_path):
@@ -37,7 +35,6 @@ PRIMARY = {
     "winogrande": ("acc", "acc"),
 }
 CHOICES = {"boolq": 2, "csqa": 5, "hellaswag": 4, "openbookqa": 4, "piqa": 2, "socialiqa": 3, "winogrande": 2}
-N = 3
 
 
 def raw_requests(task: str, form: str) -> dict[int, list[dict]]:
@@ -52,19 +49,15 @@ def raw_requests(task: str, form: str) -> dict[int, list[dict]]:
     return {d: sorted(rs, key=lambda r: r["idx"]) for d, rs in by_doc.items()}
 
 
-def read_docs(task_dir, name: str) -> list[dict]:
-    return [json.loads(line) for line in (task_dir / f"{name}.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
 def core9(tmp_path_factory):
-    """All nine Core 9 tasks, MC and RC, N docs each, and lm-eval's task objects for them."""
+    """All nine Core 9 tasks, MC and RC, ``DOCS_PER_TASK`` docs each, and lm-eval's task objects for them."""
     if not HAVE_WHEEL:
         pytest.skip(f"no OLMES task data (run `{olmes.INSTALL_HINT}`)")
     from lm_eval.tasks import TaskManager
 
     task_dir = tmp_path_factory.mktemp("core9")
-    names = olmes.build_core9_tasks(task_dir, n=N)
+    names = olmes.build_core9_tasks(task_dir, n=DOCS_PER_TASK)
     loaded = TaskManager(include_path=str(task_dir), include_defaults=False).load(names)["tasks"]
     return task_dir, names, {task.config.task: task for task in loaded.values()}
 
@@ -78,10 +71,10 @@ def test_all_nine_tasks_build_in_both_formulations_with_the_wheels_primary_metri
         for form, metric in zip(("mc", "rc"), PRIMARY[task], strict=True):
             entry = manifest[f"ue5m3_{task}_{form}"]
             assert (entry["suite"], entry["task"], entry["formulation"]) == ("core9", task, form)
-            assert (entry["metric"], entry["n_docs"]) == (metric, N)
+            assert (entry["metric"], entry["n_docs"]) == (metric, DOCS_PER_TASK)
         # the same docs in both formulations
         ids = [[d["doc_id"] for d in read_docs(task_dir, f"ue5m3_{task}_{form}")] for form in ("mc", "rc")]
-        assert ids[0] == ids[1] and len(set(ids[0])) == N
+        assert ids[0] == ids[1] and len(set(ids[0])) == DOCS_PER_TASK
     assert manifest["ue5m3_winogrande_rc"]["multiple_input"] is True
     assert sum("multiple_input" in m for m in manifest.values()) == 1
 
@@ -98,7 +91,7 @@ def test_lm_eval_sends_exactly_olmes_requests_and_scores_against_olmes_gold(core
         sent: dict[int, list] = {}
         for inst in lm_task.instances:
             sent.setdefault(inst.doc_id, []).append(inst)
-        assert len(docs) == len(list(lm_task.test_docs())) == len(sent) == N
+        assert len(docs) == len(list(lm_task.test_docs())) == len(sent) == DOCS_PER_TASK
         for i, (doc, lm_doc) in enumerate(zip(docs, lm_task.test_docs(), strict=True)):
             mine = raw[doc["doc_id"]]
             expected = [(r["request"]["context"], r["request"]["continuation"]) for r in mine]
@@ -184,7 +177,7 @@ def test_requests_varying_both_context_and_continuation_are_refused(tmp_path, mo
 
 
 def test_continuation_lengths_are_checked_before_any_model_work(core9):
-    from lm_eval_helpers import ByteTokenizer
+    from helpers.lm_eval_tools import ByteTokenizer
 
     task_dir, names, _ = core9
     longest = olmes.check_continuation_lengths(task_dir, names, ByteTokenizer().encode, 4096)

@@ -22,7 +22,8 @@ from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.prototype.mx_formats.mx_tensor import to_mx
 from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
 
-from conftest import f32_bits, rne_scalar, spec_magnitudes
+from helpers.bits import assert_same_f32_bits
+from helpers.format_oracles import rne_scalar, spec_magnitudes
 from ue5m3.numerics import formats
 from ue5m3.numerics.checks import DeferredChecks
 from ue5m3.numerics.formats import UE8M0
@@ -57,17 +58,6 @@ BACKENDS = [
 
 def np_of(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
-
-
-def assert_bits_equal(actual, expected, what=""):
-    a, e = (
-        f32_bits(np_of(actual) if isinstance(actual, torch.Tensor) else actual),
-        f32_bits(np_of(expected) if isinstance(expected, torch.Tensor) else expected),
-    )
-    if not np.array_equal(a, e):
-        bad = np.flatnonzero(a.ravel() != e.ravel())[:6]
-        av, ev = a.ravel().view(np.float32)[bad].tolist(), e.ravel().view(np.float32)[bad].tolist()
-        raise AssertionError(f"{what}: {bad.size}+ mismatches at flat {bad.tolist()}: got {av} expected {ev}")
 
 
 # ----- slow scalar references ---------------------------------------------------------------------------
@@ -168,10 +158,10 @@ def nvfp4_reference(x: np.ndarray, amax: float, order: str = "te") -> Reference:
 
 
 def assert_matches_reference(q, ref: Reference):
-    assert_bits_equal(q.scales, ref.scales, "scales")
-    assert_bits_equal(q.decode_scales, ref.decode_scales, "decode scales")
-    assert_bits_equal(q.payload, ref.payload, "payload")
-    assert_bits_equal(q.dequantize(), ref.dequantized, "dequantized")
+    assert_same_f32_bits(q.scales, ref.scales, "scales")
+    assert_same_f32_bits(q.decode_scales, ref.decode_scales, "decode scales")
+    assert_same_f32_bits(q.payload, ref.payload, "payload")
+    assert_same_f32_bits(q.dequantize(), ref.dequantized, "dequantized")
     assert int(q.zero_rounded_blocks) == ref.zero_rounded
     assert int(q.saturated_blocks) == ref.saturated
 
@@ -262,7 +252,7 @@ def test_public_api_shapes_follow_the_input_with_blocked_axes_divided(scheme, la
         expected_deq = q.payload * ((s_full * q.tensor_amax) * (torch.tensor(1.0) / torch.tensor(2688.0)))
     else:
         expected_deq = (q.payload * s_full) * q.global_decode_scale
-    assert_bits_equal(deq, expected_deq, "dequantize")
+    assert_same_f32_bits(deq, expected_deq, "dequantize")
     assert q.diagnostics()["blocks"] == math.prod(expected)
 
 
@@ -319,9 +309,9 @@ def test_nvfp4_dequantizes_in_te_kernel_order_and_offers_the_te_tests_order():
     with np.errstate(under="ignore"):
         kernel = np_of(q.payload) * ((s * amax) * factor_inv)
         tests_order = (np_of(q.payload) * s) * (amax / F32(2688))
-    assert_bits_equal(q.dequantize(), kernel, "TE kernel dequantization")
+    assert_same_f32_bits(q.dequantize(), kernel, "TE kernel dequantization")
     scheme = dataclasses.replace(get_scheme("nvfp4"), dequantize_order=DequantizeOrder.TE_TESTS)
-    assert_bits_equal(quantize(torch.from_numpy(x), scheme).dequantize(), tests_order, "TE tests dequantization")
+    assert_same_f32_bits(quantize(torch.from_numpy(x), scheme).dequantize(), tests_order, "TE tests dequantization")
     # the two orders and the old ((q * s) * amax) / 2688 do differ on ordinary values
     with np.errstate(under="ignore"):
         old = ((np_of(q.payload) * s) * amax) / F32(2688)
@@ -368,12 +358,12 @@ def test_te_kernel_dequantization_equals_te_where_te_is_finite_and_is_wide_range
     s = np.repeat(np_of(q.scales), 16, axis=1)
     amax = F32(np.abs(x).max())
     factor_inv = F32(1) / F32(2688)
-    assert_bits_equal(q.dequantize(), np_of(q.payload) * ((s * amax) * factor_inv), "finite range")
+    assert_same_f32_bits(q.dequantize(), np_of(q.payload) * ((s * amax) * factor_inv), "finite range")
     big = x * F32(1e4)  # amax ~ 3e38: s * amax overflows FP32; the same roundings 2^64 lower, scaled back
     qb = quantize(torch.from_numpy(big), "nvfp4")
     sb, ab = np.repeat(np_of(qb.scales), 16, axis=1), F32(np.abs(big).max())
     low = (sb * (ab * F32(2.0**-64))) * factor_inv
-    assert_bits_equal(qb.dequantize(), np_of(qb.payload) * (low * F32(2.0**64)), "wide range")
+    assert_same_f32_bits(qb.dequantize(), np_of(qb.payload) * (low * F32(2.0**64)), "wide range")
 
 
 # ----- tricky cases from the spec ------------------------------------------------------------------------
@@ -700,7 +690,7 @@ def test_2d_tiles_of_a_weight_and_its_transpose_give_transposed_values(scheme, b
     g = torch.Generator().manual_seed(9)
     w = torch.randn(64, 96, generator=g) * torch.exp2(torch.randint(-8, 8, (64, 96), generator=g).float())
     q, qt = quantize(w, scheme, two_d=True, backend=backend), quantize(w.T, scheme, two_d=True, backend=backend)
-    assert_bits_equal(qt.dequantize(), q.dequantize().T, "dequantized transpose")
+    assert_same_f32_bits(qt.dequantize(), q.dequantize().T, "dequantized transpose")
     assert torch.equal(qt.scales, q.scales.T)
     assert torch.equal(qt.payload, q.payload.T)
     b = get_scheme(scheme).block_size
@@ -715,8 +705,8 @@ def test_2d_ue5m3_tiles_match_the_scalar_reference_on_flattened_tiles(backend):
     q = quantize(torch.from_numpy(w), "ue5m3_b16", two_d=True, backend=backend)
     tiles = w.reshape(2, 16, 3, 16).transpose(0, 2, 1, 3).reshape(6, 256)  # one row per tile, row-major
     ref = ue5m3_reference(tiles, 256, 448.0, float(np.abs(w).max()))
-    assert_bits_equal(q.scales.reshape(6, 1), ref.scales, "tile scales")
-    assert_bits_equal(q.payload.reshape(2, 16, 3, 16).permute(0, 2, 1, 3).reshape(6, 256), ref.payload)
+    assert_same_f32_bits(q.scales.reshape(6, 1), ref.scales, "tile scales")
+    assert_same_f32_bits(q.payload.reshape(2, 16, 3, 16).permute(0, 2, 1, 3).reshape(6, 256), ref.payload)
 
 
 # ----- packed storage -----------------------------------------------------------------------------------
@@ -776,9 +766,9 @@ def test_packed_storage_unpacks_to_the_same_bits(scheme, two_d, axis, stale):
     assert packed.payload_codes.dtype == torch.uint8 and packed.scale_codes.dtype == torch.uint8
     u = packed.with_tensors(tuple(t.clone() for t in packed.tensors())).unpack()
     for field in _QUANTIZED_FIELDS:
-        assert_bits_equal(getattr(u, field), getattr(q, field), field)
+        assert_same_f32_bits(getattr(u, field), getattr(q, field), field)
     assert torch.equal(u.zero_rounded_blocks, q.zero_rounded_blocks)
-    assert_bits_equal(u.dequantize(), q.dequantize(), "dequantized")
+    assert_same_f32_bits(u.dequantize(), q.dequantize(), "dequantized")
 
 
 def test_packed_storage_takes_0_8125_bytes_per_element_for_16_element_blocks():
@@ -806,8 +796,8 @@ def test_stochastic_quantization_is_reproducible_from_bits_or_seed(mode, backend
     b = quantize(x, "ue5m3_b16", rounding=mode, random_bits=bits.clone(), backend=backend)
     c = quantize(x, "ue5m3_b16", rounding=mode, generator=torch.Generator().manual_seed(21), backend=backend)
     for other in (b, c):
-        assert_bits_equal(other.payload, a.payload, "payload")
-        assert_bits_equal(other.dequantize(), a.dequantize(), "dequantized")
+        assert_same_f32_bits(other.payload, a.payload, "payload")
+        assert_same_f32_bits(other.dequantize(), a.dequantize(), "dequantized")
     # Scales never use stochastic rounding: identical to RNE quantization's scales.
     assert torch.equal(a.scales, quantize(x, "ue5m3_b16", backend=backend).scales)
     d = quantize(x, "ue5m3_b16", rounding=mode, generator=torch.Generator().manual_seed(22), backend=backend)
@@ -868,8 +858,8 @@ def test_target_override_behaves_like_with_target(scheme, backend):
     b = quantize(x, get_scheme(scheme).with_target(2048), backend=backend)
     assert a.scheme == b.scheme and a.scheme.target == 2048
     for field in ("payload", "scales", "decode_scales"):
-        assert_bits_equal(getattr(a, field), getattr(b, field), field)
-    assert_bits_equal(a.dequantize(), b.dequantize(), "dequantized")
+        assert_same_f32_bits(getattr(a, field), getattr(b, field), field)
+    assert_same_f32_bits(a.dequantize(), b.dequantize(), "dequantized")
     assert not torch.equal(a.scales, quantize(x, scheme, backend=backend).scales)  # the target is used
     if get_scheme(scheme).scale.name == "ue5m3":
         # A block whose amax equals the reference gets code T (spec section 1 worked example).
@@ -925,12 +915,12 @@ def test_ragged_shapes_are_zero_padded_to_whole_blocks_as_transformer_engine_doe
     crop = tuple(slice(0, n) for n in shape)
     assert q.payload.shape == x.shape and q.dequantize().shape == x.shape
     assert torch.equal(q.scales, qp.scales) and torch.equal(q.tensor_amax, qp.tensor_amax)
-    assert_bits_equal(q.payload, qp.payload[crop], "payload")
-    assert_bits_equal(q.dequantize(), qp.dequantize()[crop], "dequantized")
+    assert_same_f32_bits(q.payload, qp.payload[crop], "payload")
+    assert_same_f32_bits(q.dequantize(), qp.dequantize()[crop], "dequantized")
     if scheme == "nvfp4" and not kwargs:  # and against the scalar TE transcription on the padded tensor
         ref = nvfp4_reference(np_of(padded), float(np.abs(np_of(x)).max()))
-        assert_bits_equal(q.scales, ref.scales, "scales")
-        assert_bits_equal(q.payload, ref.payload[crop], "payload")
+        assert_same_f32_bits(q.scales, ref.scales, "scales")
+        assert_same_f32_bits(q.payload, ref.payload[crop], "payload")
 
 
 def test_2d_tiles_need_a_2d_tensor():
@@ -1020,8 +1010,8 @@ def test_dequantized_magnitudes_are_bounded_by_six_times_the_block_scale(scheme,
 def test_quantization_is_sign_symmetric_under_rne(scheme, data):
     x = torch.from_numpy(data.draw(blocks_of(scheme)))
     a, b = quantize(x, scheme, backend="torch"), quantize(-x, scheme, backend="torch")
-    assert_bits_equal(b.dequantize(), -a.dequantize(), "dequantized")
-    assert_bits_equal(b.payload, -a.payload, "payload")
+    assert_same_f32_bits(b.dequantize(), -a.dequantize(), "dequantized")
+    assert_same_f32_bits(b.payload, -a.payload, "payload")
     assert torch.equal(a.scales, b.scales)
 
 
@@ -1040,7 +1030,7 @@ def test_blocks_are_independent_when_the_tensor_amax_is_fixed(scheme, data):
     keep = np.ones((2, 4), bool)
     keep[row, blk] = False
     keep_elems = np.repeat(keep, b, axis=1)
-    assert_bits_equal(np_of(qx.dequantize())[keep_elems], np_of(qy.dequantize())[keep_elems], "other blocks")
+    assert_same_f32_bits(np_of(qx.dequantize())[keep_elems], np_of(qy.dequantize())[keep_elems], "other blocks")
     assert torch.equal(qx.scales[torch.from_numpy(keep)], qy.scales[torch.from_numpy(keep)])
 
 
@@ -1056,8 +1046,8 @@ def test_quantization_commutes_with_power_of_two_scaling_of_x_and_reference(sche
     xs = np.ldexp(x, k).astype(F32)
     q = quantize(torch.from_numpy(x), scheme, tensor_amax=_reference(scheme, g), backend="torch")
     qs = quantize(torch.from_numpy(xs), scheme, tensor_amax=_reference(scheme, math.ldexp(g, k)), backend="torch")
-    assert_bits_equal(qs.payload, q.payload, "payload")
-    assert_bits_equal(qs.dequantize(), np.ldexp(np_of(q.dequantize()), k).astype(F32), "dequantized")
+    assert_same_f32_bits(qs.payload, q.payload, "payload")
+    assert_same_f32_bits(qs.dequantize(), np.ldexp(np_of(q.dequantize()), k).astype(F32), "dequantized")
     assert int(qs.zero_rounded_blocks) == int(q.zero_rounded_blocks)
     assert int(qs.saturated_blocks) == int(q.saturated_blocks)
 

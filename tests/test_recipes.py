@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recipe_helpers import eight_b, for_8b
+from helpers.recipes import eight_b, for_8b
 from ue5m3 import models
 from ue5m3.layers import recipes
 from ue5m3.layers.recipes import (

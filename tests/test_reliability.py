@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train import LAST_LAYER_BF16
-from test_train import _config as train_config
+from helpers.training import LAST_LAYER_BF16, final_model, same_tensors, token_stream, train_config
 from ue5m3.data import RandomTokenStream
 from ue5m3.training import checkpoint
 from ue5m3.training import loop as train
@@ -27,21 +26,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(tmp_path, recipe="ue5m3_b16", steps=4, **kw) -> TrainConfig:
-    """test_train's run config with one microbatch per step."""
+    """helpers.training's run config with one microbatch per step."""
     return train_config(tmp_path, recipe=recipe, steps=steps, **{"accumulation": 1, **kw})
-
-
-def _stream():
-    return RandomTokenStream(4096, 64)
-
-
-def _model_state(run_dir: str | Path) -> dict:
-    parts, _ = checkpoint.load(checkpoint.latest(Path(run_dir) / "checkpoints"))
-    return parts["model"]
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ----- run identity -------------------------------------------------------------------------------------
@@ -62,44 +48,44 @@ def _same(a: dict, b: dict) -> bool:
 )
 def test_a_checkpoint_of_another_run_is_refused_naming_what_differs(tmp_path, change, named):
     cfg = _config(tmp_path, steps=2)
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     with pytest.raises(RunIdentityError, match="belongs to another run") as err:
-        train.train(dataclasses.replace(cfg, **change), _stream())
+        train.train(dataclasses.replace(cfg, **change), token_stream())
     assert named in str(err.value)
 
 
 def test_settings_that_do_not_shape_the_trajectory_resume(tmp_path):
     cfg = _config(tmp_path)
-    train.train(cfg, _stream(), stop_after=2)
+    train.train(cfg, token_stream(), stop_after=2)
     train.train(
-        dataclasses.replace(cfg, log_every=2, checkpoint_every=1, keep_checkpoints=3, backend="torch"), _stream()
+        dataclasses.replace(cfg, log_every=2, checkpoint_every=1, keep_checkpoints=3, backend="torch"), token_stream()
     )
     reference = _config(tmp_path / "reference")
-    train.train(reference, _stream())
-    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+    train.train(reference, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
 
 
 def test_restart_on_change_keeps_the_old_run_aside_and_trains_afresh(tmp_path):
     cfg = _config(tmp_path, steps=2)
-    train.train(cfg, _stream())
-    old_state = _model_state(cfg.run_dir)
+    train.train(cfg, token_stream())
+    old_state = final_model(cfg.run_dir)
     changed = dataclasses.replace(cfg, optim=OptimConfig(lr=1e-3))
     with pytest.warns(UserWarning, match="moved the old run to"):
-        final = train.train(changed, _stream(), restart_on_change=True)
+        final = train.train(changed, token_stream(), restart_on_change=True)
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.superseded-")]
-    assert len(aside) == 1 and _same(_model_state(aside[0]), old_state)  # nothing lost
+    assert len(aside) == 1 and same_tensors(final_model(aside[0]), old_state)  # nothing lost
     record = json.loads(final.read_text())
     assert record["config"]["optim"]["lr"] == 1e-3 and record["step"] == 2
     fresh = _config(tmp_path / "fresh", steps=2, optim=OptimConfig(lr=1e-3))
-    train.train(fresh, _stream())
-    assert _same(_model_state(cfg.run_dir), _model_state(fresh.run_dir))  # trained from step 0, not resumed
+    train.train(fresh, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(fresh.run_dir))  # trained from step 0, not resumed
     metrics = [json.loads(line)["step"] for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
     assert metrics == [1, 2]
 
 
 def test_provenance_records_the_source_hash_and_the_manifest_the_identity(tmp_path):
     cfg = _config(tmp_path, steps=2)
-    record = json.loads(train.train(cfg, _stream()).read_text())
+    record = json.loads(train.train(cfg, token_stream()).read_text())
     assert len(record["source_sha256"]) == 64
     manifest = checkpoint.verify(checkpoint.latest(Path(cfg.run_dir) / "checkpoints"))
     assert manifest["meta"]["fingerprint"] == fingerprint(manifest["meta"]["identity"])
@@ -112,7 +98,7 @@ def test_provenance_records_the_source_hash_and_the_manifest_the_identity(tmp_pa
 @pytest.mark.parametrize("fault", ["zero_length_model", "empty_directory", "missing_manifest"])
 def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path, fault):
     cfg = _config(tmp_path, steps=6)
-    train.train(cfg, _stream(), stop_after=4)
+    train.train(cfg, token_stream(), stop_after=4)
     newest = checkpoint.latest(Path(cfg.run_dir) / "checkpoints")
     if fault == "zero_length_model":
         (newest / "model.pt").write_bytes(b"")
@@ -122,25 +108,25 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path, faul
         for path in newest.iterdir():
             path.unlink()
     with pytest.warns(UserWarning, match=r"step-00000004.*kept aside as .*step-00000004.invalid.*step-00000002"):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     reference = _config(tmp_path / "reference", steps=6)
-    train.train(reference, _stream())
-    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+    train.train(reference, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
     assert (Path(cfg.run_dir) / "checkpoints" / "step-00000004.invalid").is_dir()  # the evidence is kept
 
 
 def test_no_verifying_checkpoint_is_an_error_naming_each_file(tmp_path):
     cfg = _config(tmp_path, steps=2)
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     for _, path in checkpoint.checkpoints(Path(cfg.run_dir) / "checkpoints"):
         (path / "optimizer.pt").write_bytes(b"")
     with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint .* verifies.*optimizer.pt is truncated"):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
 
 
 def test_only_step_directories_count_and_killed_saves_are_removed(tmp_path):
     cfg = _config(tmp_path, steps=4)
-    train.train(cfg, _stream(), stop_after=2)
+    train.train(cfg, token_stream(), stop_after=2)
     root = Path(cfg.run_dir) / "checkpoints"
     (root / "step-final").mkdir()  # sorts after step-00000002 by name
     (root / "step-00000002-copy").mkdir()
@@ -148,7 +134,7 @@ def test_only_step_directories_count_and_killed_saves_are_removed(tmp_path):
     leftover.mkdir()
     (leftover / "model.pt").write_bytes(b"partial")
     assert checkpoint.latest(root).name == "step-00000002"
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     assert not leftover.exists() and (root / "step-final").is_dir()
     assert [step for step, _ in checkpoint.checkpoints(root)] == [2, 4]
 
@@ -156,9 +142,9 @@ def test_only_step_directories_count_and_killed_saves_are_removed(tmp_path):
 def test_a_second_trainer_on_the_same_run_directory_is_refused(tmp_path):
     cfg = _config(tmp_path, steps=2)
     with checkpoint.RunLock(cfg.run_dir), pytest.raises(checkpoint.RunLockedError, match=f"pid {os.getpid()}"):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     assert not (Path(cfg.run_dir) / "metrics.jsonl").exists()  # nothing written by the refused trainer
-    train.train(cfg, _stream())  # the lock is gone with its holder
+    train.train(cfg, token_stream())  # the lock is gone with its holder
 
 
 class _SignallingStream(RandomTokenStream):
@@ -185,31 +171,31 @@ def test_sigterm_and_sigusr1_checkpoint_the_step_and_stop_then_the_same_command_
     root = Path(cfg.run_dir) / "checkpoints"
     assert [step for step, _ in checkpoint.checkpoints(root)] == [3]
     assert signal.getsignal(signum) is previous  # the trainer's handlers are gone with it
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     reference = _config(tmp_path / "reference", steps=6, checkpoint_every=4)
-    train.train(reference, _stream())
-    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+    train.train(reference, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
 
 
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning_naming_the_file(tmp_path):
     cfg = _config(tmp_path, steps=4)
-    train.train(cfg, _stream(), stop_after=2)
+    train.train(cfg, token_stream(), stop_after=2)
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
     with open(metrics, "a") as handle:
         handle.write('{"step": 3, "loss": 8.1')  # a kill during the write of step 3's record
     with pytest.warns(UserWarning, match=r"metrics.jsonl: line 3 is torn"):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_a_malformed_metrics_line_before_the_end_is_an_error_naming_the_line(tmp_path):
     cfg = _config(tmp_path, steps=4)
-    train.train(cfg, _stream(), stop_after=2)
+    train.train(cfg, token_stream(), stop_after=2)
     metrics = Path(cfg.run_dir) / "metrics.jsonl"
     lines = metrics.read_text().splitlines()
     metrics.write_text("\n".join([lines[0], "garbage", lines[1]]) + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a metrics record"):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
 
 
 # ----- numerical guards ---------------------------------------------------------------------------------
@@ -228,10 +214,10 @@ def test_a_non_finite_loss_stops_any_run_before_it_is_stepped_or_checkpointed(tm
 
     monkeypatch.setattr(train, "loss_fn", poisoned)
     with pytest.raises(train.NonFiniteError, match="step 3: "):
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     root = Path(cfg.run_dir) / "checkpoints"
     assert [step for step, _ in checkpoint.checkpoints(root)] == [2]
-    assert all(torch.isfinite(t).all() for t in _model_state(cfg.run_dir).values())
+    assert all(torch.isfinite(t).all() for t in final_model(cfg.run_dir).values())
     assert not (Path(cfg.run_dir) / "final.json").exists()
 
 
@@ -283,23 +269,23 @@ def test_a_trainer_killed_from_outside_resumes_to_the_uninterrupted_result(tmp_p
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        train.train(cfg, _stream())
+        train.train(cfg, token_stream())
     finally:
         torch.set_num_threads(threads)
     reference = _config(tmp_path / "reference", steps=12, checkpoint_every=2)
-    train.train(reference, _stream())
-    assert _same(_model_state(cfg.run_dir), _model_state(reference.run_dir))
+    train.train(reference, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
     lines = (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 13))
 
 
 def test_a_run_stopped_after_its_last_checkpoint_writes_only_the_final_record_on_resume(tmp_path):
     cfg = _config(tmp_path, steps=4)
-    assert train.train(cfg, _stream(), stop_after=4) is None  # killed between the last checkpoint and final.json
+    assert train.train(cfg, token_stream(), stop_after=4) is None  # killed between the last checkpoint and final.json
     assert not (Path(cfg.run_dir) / "final.json").exists()
-    state = _model_state(cfg.run_dir)
-    record = json.loads(train.train(cfg, _stream()).read_text())
-    assert record["step"] == 4 and _same(_model_state(cfg.run_dir), state)
+    state = final_model(cfg.run_dir)
+    record = json.loads(train.train(cfg, token_stream()).read_text())
+    assert record["step"] == 4 and same_tensors(final_model(cfg.run_dir), state)
 
 
 def test_recipe_layers_the_model_does_not_have_are_refused_naming_the_key_and_the_depth(tmp_path):

@@ -5,15 +5,15 @@ import csv
 import pytest
 import torch
 
-from test_inference import make_run
 from ue5m3 import cli, models
 from ue5m3.data import open_data
 from ue5m3.evaluation.snapshot import block_maxima, capture, code_counts, default_modules, log10_histogram, run_snapshot
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    run_dir, config = make_run(tmp_path_factory.mktemp("snapshot"))
+def run(tiny_run):
+    """The shared tiny run (read-only) and its validation set."""
+    run_dir, config = tiny_run
     return run_dir, open_data(config).validation
 
 

@@ -14,9 +14,7 @@ import pytest
 import torch
 import yaml
 
-from test_reliability import _model_state as _weights
-from test_reliability import _same, _stream
-from test_train import _config as train_config
+from helpers.training import final_model, metric_records, same_tensors, token_stream, train_config
 from ue5m3.data import RandomTokenStream
 from ue5m3.training import checkpoint, stops
 from ue5m3.training import loop as train
@@ -31,11 +29,6 @@ def _config(tmp_path, name="run", steps=6, **kw) -> TrainConfig:
 
 def _steps_of(run_dir: str | Path) -> list[int]:
     return [step for step, _ in checkpoint.checkpoints(Path(run_dir) / "checkpoints")]
-
-
-def _metrics(run_dir: str | Path) -> list[dict]:
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in lines]
 
 
 class _Clock:
@@ -83,11 +76,11 @@ def test_ctrl_c_checkpoints_the_step_and_stops_then_the_same_command_resumes_to_
     assert stopped.value.code == 128 + signal.SIGINT
     assert _steps_of(cfg.run_dir) == [3]
     assert signal.getsignal(signal.SIGINT) is previous  # the trainer's handler is gone with it
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     reference = _config(tmp_path, "reference", checkpoint_every=4)
-    train.train(reference, _stream())
-    assert _same(_weights(cfg.run_dir), _weights(reference.run_dir))
-    assert _metrics(cfg.run_dir) == _metrics(reference.run_dir)
+    train.train(reference, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
+    assert metric_records(cfg.run_dir) == metric_records(reference.run_dir)
 
 
 def test_a_forwarded_copy_of_the_ctrl_c_is_the_same_ctrl_c(tmp_path, clock):
@@ -110,10 +103,10 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint_of_the_step_in_progr
         train.train(cfg, stream)
     assert _steps_of(cfg.run_dir) == [2]  # step 3 given up; no temporary directory left behind
     assert not [p for p in (Path(cfg.run_dir) / "checkpoints").iterdir() if p.name.startswith(".")]
-    train.train(cfg, _stream())
+    train.train(cfg, token_stream())
     reference = _config(tmp_path, "reference", checkpoint_every=2, accumulation=2)
-    train.train(reference, _stream())
-    assert _same(_weights(cfg.run_dir), _weights(reference.run_dir))
+    train.train(reference, token_stream())
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
 
 
 def test_the_train_verb_exits_130_without_a_traceback_on_a_second_ctrl_c(tmp_path, monkeypatch, caplog):
@@ -152,13 +145,13 @@ def test_a_run_checkpoints_by_wall_time_and_resumes_from_it_to_the_uninterrupted
     assert train.train(cfg, _Ticking(clock, minutes=12), stop_after=7) is None
     assert _steps_of(cfg.run_dir) == [3, 6]
     resumed = _config(tmp_path, steps=8, checkpoint_every=100)  # not part of the identity: it resumes
-    train.train(resumed, _stream())
+    train.train(resumed, token_stream())
     assert _steps_of(cfg.run_dir) == [3, 6, 8]  # rolling checkpoints like the others (keep_checkpoints 10)
     reference = _config(tmp_path, "reference", steps=8, checkpoint_every=100)
-    train.train(reference, _stream())
+    train.train(reference, token_stream())
     assert _steps_of(reference.run_dir) == [8]
-    assert _same(_weights(cfg.run_dir), _weights(reference.run_dir))
-    assert _metrics(cfg.run_dir) == _metrics(reference.run_dir)
+    assert same_tensors(final_model(cfg.run_dir), final_model(reference.run_dir))
+    assert metric_records(cfg.run_dir) == metric_records(reference.run_dir)
 
 
 def test_wall_time_checkpoints_are_due_after_the_interval_since_the_last_save(clock):

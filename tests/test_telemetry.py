@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from recipe_helpers import for_debug
+from helpers.recipes import for_debug
 from ue5m3 import models
 from ue5m3.data import RandomTokenStream
 from ue5m3.layers import recipes, telemetry

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers.backends import native_te_available
 from ue5m3 import cli, config, models, pipeline, reference
 from ue5m3.experiments import comparisons
 from ue5m3.experiments import throughput as tp
@@ -37,14 +38,6 @@ TINY = {
 
 def _load(**changes) -> tp.ThroughputConfig:
     return config.load(tp.ThroughputConfig, {**TINY, **changes}, source="test", path="throughput")
-
-
-def _native_available() -> bool:
-    try:
-        native_te.require_native()
-    except native_te.NativeUnavailable:
-        return False
-    return True
 
 
 # ----- config -------------------------------------------------------------------------------------------
@@ -177,7 +170,7 @@ def test_the_cpu_scale_config_runs_the_8b_pattern_with_the_papers_counts(tmp_pat
 # ----- failing closed -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(_native_available(), reason="a Blackwell GPU with Transformer Engine is present")
+@pytest.mark.skipif(native_te_available(), reason="a Blackwell GPU with Transformer Engine is present")
 def test_a_native_run_fails_closed_before_building_or_writing_anything(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a body was built before the hardware check")
@@ -192,7 +185,7 @@ def test_a_native_run_fails_closed_before_building_or_writing_anything(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(_native_available(), reason="a Blackwell GPU with Transformer Engine is present")
+@pytest.mark.skipif(native_te_available(), reason="a Blackwell GPU with Transformer Engine is present")
 def test_the_cli_reports_a_native_run_as_unavailable_here_with_exit_3(tmp_path, capsys):
     settings = json.dumps({"run": "native", "model": "nemotron_h_debug", "model_overrides": TINY["model_overrides"]})
     assert cli.main(["throughput", "--config", settings, "--out-dir", str(tmp_path / "out")]) == 3

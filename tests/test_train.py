@@ -7,32 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.training import LAST_LAYER_BF16, final_state, metric_records, train_config
 from ue5m3.data import RandomTokenStream as TokenStream
 from ue5m3.layers import recipes
 from ue5m3.training import build, checkpoint, state
 from ue5m3.training import loop as train
 from ue5m3.training.config import OptimConfig, TrainConfig
-
-# The NVIDIA recipes keep the final 8 layers in BF16; the 2-layer debug model keeps its final one.
-LAST_LAYER_BF16 = {"bf16_layers": {"first": 0, "last": 1, "kind": None}}
-
-
-def _config(tmp_path, recipe="ue5m3_b16", steps=6, **kw):
-    values = dict(
-        run_dir=str(tmp_path / "run"),
-        model="dense_debug",
-        recipe=recipe,
-        seed=3,
-        steps=steps,
-        micro_batch=2,
-        accumulation=2,
-        data=None,
-        checkpoint_every=2,
-        keep_checkpoints=10,
-        optim=OptimConfig(lr=3e-3),
-    )
-    values.update(kw)
-    return TrainConfig(**values)
 
 
 def _recipe_with_interval(tmp_path, interval):
@@ -65,11 +45,6 @@ def test_weight_decay_skips_biases_norms_and_mamba_scalars():
     assert all(names[id(p)] not in skipped for p in decay["params"]) and no_decay["weight_decay"] == 0.0
 
 
-def _final_state(run_dir: Path):
-    parts, _ = checkpoint.load(checkpoint.latest(run_dir / "checkpoints"))
-    return parts["model"], parts["optimizer"]
-
-
 def _assert_same_state(a, b):
     assert a.keys() == b.keys()
     for key in a:
@@ -79,56 +54,52 @@ def _assert_same_state(a, b):
 @pytest.mark.parametrize("stop_at", [3, 4])
 def test_resuming_at_any_step_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path, stop_at):
     recipe = _recipe_with_interval(tmp_path, 3)  # stop between and at scale refreshes (1, 4, 7)
-    full = _config(tmp_path / "full", recipe=recipe)
+    full = train_config(tmp_path / "full", recipe=recipe)
     train.train(full, TokenStream(4096, 64))
-    interrupted = _config(tmp_path / "split", recipe=recipe)
+    interrupted = train_config(tmp_path / "split", recipe=recipe)
     assert train.train(interrupted, TokenStream(4096, 64), stop_after=stop_at) is None
     train.train(interrupted, TokenStream(4096, 64))  # resumes from the last checkpoint (step 2 or 4)
-    model_a, optim_a = _final_state(Path(full.run_dir))
-    model_b, optim_b = _final_state(Path(interrupted.run_dir))
+    model_a, optim_a = final_state(full.run_dir)
+    model_b, optim_b = final_state(interrupted.run_dir)
     _assert_same_state(model_a, model_b)
     assert optim_a["state"].keys() == optim_b["state"].keys()
     for key in optim_a["state"]:
         _assert_same_state(optim_a["state"][key], optim_b["state"][key])
 
     # metrics after the resume point are rewritten, not duplicated; all but the timing agree exactly
-    def records(cfg):
-        text = (Path(cfg.run_dir) / "metrics.jsonl").read_text()
-        return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_s"} for line in text.splitlines()]
-
-    assert records(full) == records(interrupted)
-    assert [r["step"] for r in records(full)] == list(range(1, 7))
+    assert metric_records(full.run_dir) == metric_records(interrupted.run_dir)
+    assert [r["step"] for r in metric_records(full.run_dir)] == list(range(1, 7))
 
 
 def test_stochastic_rounding_resumes_from_the_step_counter_alone(tmp_path, monkeypatch):
     """SR bits are Philox streams of (seed, module, role, step, microbatch, index): a resume that does not restore
     torch's RNG state at all (and perturbs it) still reproduces the uninterrupted run bit for bit."""
-    full = _config(tmp_path / "full", steps=4)
+    full = train_config(tmp_path / "full", steps=4)
     train.train(full, TokenStream(4096, 64))
-    split = _config(tmp_path / "split", steps=4)
+    split = train_config(tmp_path / "split", steps=4)
     train.train(split, TokenStream(4096, 64), stop_after=2)
     monkeypatch.setattr(state, "_set_rng_state", lambda saved: torch.manual_seed(987654321))
     train.train(split, TokenStream(4096, 64))
-    model_a, _ = _final_state(Path(full.run_dir))
-    model_b, _ = _final_state(Path(split.run_dir))
+    model_a, _ = final_state(full.run_dir)
+    model_b, _ = final_state(split.run_dir)
     _assert_same_state(model_a, model_b)
 
 
 def test_cold_scale_resume_drops_the_caches_and_changes_the_trajectory(tmp_path):
     recipe = _recipe_with_interval(tmp_path, 3)
-    warm = _config(tmp_path / "warm", recipe=recipe)
+    warm = train_config(tmp_path / "warm", recipe=recipe)
     train.train(warm, TokenStream(4096, 64), stop_after=3)
     train.train(warm, TokenStream(4096, 64))
-    cold = _config(tmp_path / "cold", recipe=recipe, cold_scale_resume=True)
+    cold = train_config(tmp_path / "cold", recipe=recipe, cold_scale_resume=True)
     train.train(cold, TokenStream(4096, 64), stop_after=3)
     train.train(cold, TokenStream(4096, 64))
-    a, _ = _final_state(Path(warm.run_dir))
-    b, _ = _final_state(Path(cold.run_dir))
+    a, _ = final_state(warm.run_dir)
+    b, _ = final_state(cold.run_dir)
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
 def test_corrupted_or_truncated_checkpoint_is_refused_with_the_file_named(tmp_path):
-    cfg = _config(tmp_path, steps=2)
+    cfg = train_config(tmp_path, steps=2)
     train.train(cfg, TokenStream(4096, 64))
     ckpt = checkpoint.latest(Path(cfg.run_dir) / "checkpoints")
     model_file = ckpt / "model.pt"
@@ -142,7 +113,7 @@ def test_corrupted_or_truncated_checkpoint_is_refused_with_the_file_named(tmp_pa
 
 
 def test_run_records_metrics_counters_conversion_and_provenance(tmp_path):
-    cfg = _config(tmp_path, steps=4, log_every=2)
+    cfg = train_config(tmp_path, steps=4, log_every=2)
     final = train.train(cfg, TokenStream(4096, 64))
     record = json.loads(final.read_text())
     assert record["recipe"] == "ue5m3_b16" and record["seed"] == 3 and record["step"] == 4
@@ -159,7 +130,7 @@ def test_run_records_metrics_counters_conversion_and_provenance(tmp_path):
 
 
 def test_bf16_recipe_trains_without_fp4_modules(tmp_path):
-    final = train.train(_config(tmp_path, recipe="bf16", steps=2), TokenStream(4096, 64))
+    final = train.train(train_config(tmp_path, recipe="bf16", steps=2), TokenStream(4096, 64))
     assert json.loads(final.read_text())["recipe"] == "bf16"
 
 
@@ -185,7 +156,7 @@ def test_native_te_execution_fails_closed_without_a_blackwell_gpu(tmp_path):
         pass
     else:
         pytest.skip("a Blackwell GPU with Transformer Engine is present")
-    cfg = _config(tmp_path, recipe="nvfp4_te", recipe_overrides=LAST_LAYER_BF16, steps=1, execution="native_te")
+    cfg = train_config(tmp_path, recipe="nvfp4_te", recipe_overrides=LAST_LAYER_BF16, steps=1, execution="native_te")
     with pytest.raises(native_te.NativeUnavailable):
         train.train(cfg, TokenStream(4096, 64))
     assert not (tmp_path / "run").exists()  # refused before the run directory (or its lock) is made
@@ -193,22 +164,22 @@ def test_native_te_execution_fails_closed_without_a_blackwell_gpu(tmp_path):
 
 def test_native_execution_is_refused_for_a_recipe_without_a_native_path(tmp_path):
     with pytest.raises(ValueError, match=r"execution: recipe 'ue5m3_b16' has no native Transformer Engine path"):
-        _config(tmp_path, recipe="ue5m3_b16", steps=1, execution="native_te")
+        train_config(tmp_path, recipe="ue5m3_b16", steps=1, execution="native_te")
 
 
 def test_data_parallel_is_checked_and_auto_is_fsdp2_on_both_execution_paths(tmp_path):
     nvfp4 = {"recipe": "nvfp4_te", "recipe_overrides": LAST_LAYER_BF16, "steps": 1}
-    assert _config(tmp_path, **nvfp4).parallelism == "fsdp2"
-    assert _config(tmp_path, **nvfp4, execution="native_te").parallelism == "fsdp2"  # sharded, not replicated
-    assert _config(tmp_path, **nvfp4, execution="native_te", data_parallel="ddp").parallelism == "ddp"
+    assert train_config(tmp_path, **nvfp4).parallelism == "fsdp2"
+    assert train_config(tmp_path, **nvfp4, execution="native_te").parallelism == "fsdp2"  # sharded, not replicated
+    assert train_config(tmp_path, **nvfp4, execution="native_te", data_parallel="ddp").parallelism == "ddp"
     with pytest.raises(ValueError, match="data_parallel: must be one of"):
-        _config(tmp_path, recipe="bf16", steps=1, data_parallel="zero3")
+        train_config(tmp_path, recipe="bf16", steps=1, data_parallel="zero3")
     with pytest.raises(ValueError, match="param_dtype: 'bfloat16' is FSDP2's mixed precision"):
-        _config(tmp_path, recipe="bf16", steps=1, data_parallel="ddp", param_dtype="bfloat16")
+        train_config(tmp_path, recipe="bf16", steps=1, data_parallel="ddp", param_dtype="bfloat16")
 
 
 def test_final_record_says_the_run_was_emulated(tmp_path):
-    cfg = _config(tmp_path, recipe="nvfp4_te", recipe_overrides=LAST_LAYER_BF16, steps=1)
+    cfg = train_config(tmp_path, recipe="nvfp4_te", recipe_overrides=LAST_LAYER_BF16, steps=1)
     final = train.train(cfg, TokenStream(4096, 64))
     assert json.loads(final.read_text())["execution"] == {
         "execution": "emulated",

@@ -7,16 +7,13 @@ standing in for Transformer Engine's."""
 import collections
 import dataclasses
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
+from helpers.distributed import run_distributed
+from helpers.training import rewind, step_losses
 from ue5m3.layers import recipes
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.scaling import OperandRole
@@ -24,49 +21,6 @@ from ue5m3.plan import collectives
 from ue5m3.training import checkpoint
 from ue5m3.training.build import build_shell
 from ue5m3.training.config import TrainConfig
-
-WORKER = Path(__file__).with_name("distributed_worker.py")
-
-
-def _run(
-    tmp_path: Path,
-    name: str,
-    nproc: int,
-    micro_batch: int,
-    recipe: str,
-    *,
-    steps: int = 3,
-    every: int = 3,
-    data_parallel: str = "auto",
-    log: Path | None = None,
-    env: dict | None = None,
-    **settings,
-) -> Path:
-    """Train run ``name`` on ``nproc`` processes (one: no launcher, unless collectives are logged to ``log``)."""
-    run_dir = tmp_path / name
-    cfg = {
-        "run_dir": str(run_dir),
-        "model": "dense_debug",
-        "recipe": recipe,
-        "seed": 5,
-        "steps": steps,
-        "micro_batch": micro_batch,
-        "accumulation": 1,
-        "data": None,
-        "checkpoint_every": every,
-        "keep_checkpoints": 4,
-        "optim": {"lr": 3e-3},
-        "data_parallel": data_parallel,
-        **settings,
-    }
-    path = tmp_path / f"{name}-{nproc}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    args = [str(WORKER), str(path), *([str(log)] if log is not None else [])]
-    cmd = [*launcher, *args] if nproc > 1 or log is not None else [sys.executable, *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
 
 
 def _deterministic_ue5m3(tmp_path: Path) -> str:
@@ -84,11 +38,9 @@ def _deterministic_ue5m3(tmp_path: Path) -> str:
 def test_fsdp2_on_two_gloo_ranks_matches_the_single_process_run(tmp_path, recipe, rel):
     if recipe == "ue5m3_b16_rne":
         recipe = _deterministic_ue5m3(tmp_path)
-    single = _run(tmp_path, "single", 1, micro_batch=4, recipe=recipe)
-    sharded = _run(tmp_path, "fsdp", 2, micro_batch=2, recipe=recipe)
-    losses = [
-        [json.loads(line)["loss"] for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (single, sharded)
-    ]
+    single = run_distributed(tmp_path, "single", 1, micro_batch=4, recipe=recipe)
+    sharded = run_distributed(tmp_path, "fsdp", 2, micro_batch=2, recipe=recipe)
+    losses = [step_losses(single), step_losses(sharded)]
     # Same data, same initial weights, MAX-reduced scale references: the first loss agrees up to the order of the
     # mean over tokens, later ones up to the FP32 summation order of the gradient reduce-scatter (two half-batch
     # GEMMs summed instead of one full-batch GEMM); with stochastic rounding the runs also draw different bits.
@@ -103,27 +55,15 @@ def test_fsdp2_on_two_gloo_ranks_matches_the_single_process_run(tmp_path, recipe
     assert json.loads((sharded / "final.json").read_text())["step"] == 3
 
 
-def _losses(run_dir: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _rewind(run_dir: Path, to: Path, step: int) -> Path:
-    """A copy of a finished run as it stood after checkpoint ``step`` (as if the job had ended there)."""
-    shutil.copytree(run_dir, to)
-    (to / "final.json").unlink()
-    for later, path in checkpoint.checkpoints(to / "checkpoints"):
-        if later > step:
-            shutil.rmtree(path)
-    return to
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("data_parallel", ["fsdp2", "ddp"])
 def test_two_ranks_write_a_sharded_checkpoint_that_one_rank_resumes(tmp_path, data_parallel):
     """FSDP2 writes each rank's shards; DDP's replicated state is written once (torch.distributed.checkpoint
     deduplicates it). Either loads onto one rank."""
     recipe = _deterministic_ue5m3(tmp_path)
-    sharded = _run(tmp_path, "fsdp", 2, micro_batch=2, recipe=recipe, steps=4, every=2, data_parallel=data_parallel)
+    sharded = run_distributed(
+        tmp_path, "fsdp", 2, micro_batch=2, recipe=recipe, steps=4, every=2, data_parallel=data_parallel
+    )
     step2 = sharded / "checkpoints" / "step-00000002"
     manifest = checkpoint.verify(step2)
     assert manifest["format"] == checkpoint.SHARDED and manifest["meta"]["world_size"] == 2
@@ -132,19 +72,21 @@ def test_two_ranks_write_a_sharded_checkpoint_that_one_rank_resumes(tmp_path, da
     # the weights hash of the final checkpoint is what final.json records
     final = json.loads((sharded / "final.json").read_text())
     assert final["checkpoint_sha256"] == checkpoint.weights_sha256(checkpoint.verify(final["checkpoint"]))
-    again = _run(tmp_path, "fsdp-again", 2, micro_batch=2, recipe=recipe, steps=4, every=2, data_parallel=data_parallel)
+    again = run_distributed(
+        tmp_path, "fsdp-again", 2, micro_batch=2, recipe=recipe, steps=4, every=2, data_parallel=data_parallel
+    )
     assert json.loads((again / "final.json").read_text())["checkpoint_sha256"] == final["checkpoint_sha256"]
 
     # the same global micro-batch on one rank, from the two-rank checkpoint at step 2
-    resumed = _rewind(sharded, tmp_path / "one", 2)
-    _run(tmp_path, "one", 1, micro_batch=4, recipe=recipe, steps=4, every=2)
+    resumed = rewind(sharded, tmp_path / "one", 2)
+    run_distributed(tmp_path, "one", 1, micro_batch=4, recipe=recipe, steps=4, every=2)
     log = (resumed / "metrics.jsonl").read_text()
     assert len(log.splitlines()) == 4
     # the restored state is the checkpoint's, bit for bit: the next forward (step 3) sees the same weights and
     # data, so its loss differs from the two-rank run's only by the order of the mean over tokens
-    assert _losses(resumed)[:2] == _losses(sharded)[:2]
-    assert _losses(resumed)[2] == pytest.approx(_losses(sharded)[2], rel=1e-6)
-    assert _losses(resumed) == pytest.approx(_losses(sharded), rel=1e-5)
+    assert step_losses(resumed)[:2] == step_losses(sharded)[:2]
+    assert step_losses(resumed)[2] == pytest.approx(step_losses(sharded)[2], rel=1e-6)
+    assert step_losses(resumed) == pytest.approx(step_losses(sharded), rel=1e-5)
     a = checkpoint.load_model_state(step2)
     b = checkpoint.load_model_state(resumed / "checkpoints" / "step-00000002")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -154,11 +96,11 @@ def test_two_ranks_write_a_sharded_checkpoint_that_one_rank_resumes(tmp_path, da
 @pytest.mark.slow
 def test_two_ranks_resume_a_one_process_checkpoint(tmp_path):
     recipe = _deterministic_ue5m3(tmp_path)
-    single = _run(tmp_path, "single", 1, micro_batch=4, recipe=recipe, steps=4, every=2)
-    _rewind(single, tmp_path / "two", 2)
-    two = _run(tmp_path, "two", 2, micro_batch=2, recipe=recipe, steps=4, every=2)
-    assert _losses(two)[2] == pytest.approx(_losses(single)[2], rel=1e-6)
-    assert _losses(two) == pytest.approx(_losses(single), rel=1e-5)
+    single = run_distributed(tmp_path, "single", 1, micro_batch=4, recipe=recipe, steps=4, every=2)
+    rewind(single, tmp_path / "two", 2)
+    two = run_distributed(tmp_path, "two", 2, micro_batch=2, recipe=recipe, steps=4, every=2)
+    assert step_losses(two)[2] == pytest.approx(step_losses(single)[2], rel=1e-6)
+    assert step_losses(two) == pytest.approx(step_losses(single), rel=1e-5)
     assert checkpoint.verify(two / "checkpoints" / "step-00000004")["format"] == checkpoint.SHARDED
 
 
@@ -196,7 +138,7 @@ def test_fsdp2_reduces_once_per_step_in_fp32_and_gathers_bf16_whatever_the_accum
         ("acc4-fp32-fp4", 1, 4, {"fp4_weight_dtype": "float32"}),
     ):
         log = tmp_path / f"{name}.collectives"
-        _run(
+        run_distributed(
             tmp_path,
             name,
             2,
@@ -271,9 +213,9 @@ def test_bf16_parameters_on_two_ranks_match_the_one_process_reference(tmp_path, 
     GEMMs after 3 steps, a few % under FP4), the rest to 1e-3."""
     if recipe == "ue5m3_b16_rne":
         recipe = _deterministic_ue5m3(tmp_path)
-    single = _run(tmp_path, "single", 1, micro_batch=4, recipe=recipe, **BF16)
-    sharded = _run(tmp_path, "fsdp", 2, micro_batch=2, recipe=recipe, **BF16)
-    a, b = _losses(single), _losses(sharded)
+    single = run_distributed(tmp_path, "single", 1, micro_batch=4, recipe=recipe, **BF16)
+    sharded = run_distributed(tmp_path, "fsdp", 2, micro_batch=2, recipe=recipe, **BF16)
+    a, b = step_losses(single), step_losses(sharded)
     assert a[0] == pytest.approx(b[0], rel=1e-6)
     assert a == pytest.approx(b, rel=rel)
     for run in (single, sharded):  # FSDP2 on one process too: its checkpoints are sharded
@@ -307,16 +249,20 @@ def test_bf16_fsdp2_with_checkpointing_equals_itself_without_and_across_a_resume
     as keeping the activations, and a run stopped at step 2 and resumed equals the uninterrupted one bit for bit."""
     recipe = _deterministic_ue5m3(tmp_path)
     common = {"steps": 4, "every": 2, "accumulation": 2, "loss_chunk": 32, **BF16}
-    plain = _run(tmp_path, "plain", 2, 2, recipe, **common)
-    checkpointed = _run(tmp_path, "ac", 2, 2, recipe, activation_checkpointing="every_block", fsdp_prefetch=1, **common)
-    assert _losses(plain) == _losses(checkpointed)
+    plain = run_distributed(tmp_path, "plain", 2, 2, recipe, **common)
+    checkpointed = run_distributed(
+        tmp_path, "ac", 2, 2, recipe, activation_checkpointing="every_block", fsdp_prefetch=1, **common
+    )
+    assert step_losses(plain) == step_losses(checkpointed)
     final = checkpoint.verify(checkpoint.latest(plain / "checkpoints"))
     assert checkpoint.weights_sha256(final) == checkpoint.weights_sha256(
         checkpoint.verify(checkpoint.latest(checkpointed / "checkpoints"))
     )
-    resumed = _rewind(checkpointed, tmp_path / "resumed", 2)
-    _run(tmp_path, "resumed", 2, 2, recipe, activation_checkpointing="every_block", fsdp_prefetch=1, **common)
-    assert _losses(resumed) == _losses(checkpointed)
+    resumed = rewind(checkpointed, tmp_path / "resumed", 2)
+    run_distributed(
+        tmp_path, "resumed", 2, 2, recipe, activation_checkpointing="every_block", fsdp_prefetch=1, **common
+    )
+    assert step_losses(resumed) == step_losses(checkpointed)
     a = checkpoint.load_model_state(checkpoint.latest(resumed / "checkpoints"))
     b = checkpoint.load_model_state(checkpoint.latest(checkpointed / "checkpoints"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -329,7 +275,7 @@ def test_the_native_path_shards_with_fsdp2_wiring_only_with_plain_linears_standi
     ``nn.Linear`` modules standing in for ``te.Linear``. Transformer Engine does not run here, and nothing here
     says it would."""
     report = tmp_path / "wiring"
-    run = _run(
+    run = run_distributed(
         tmp_path,
         "native-wiring",
         2,

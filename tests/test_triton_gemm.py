@@ -11,6 +11,7 @@ pytest.importorskip("triton", reason="triton is not installed (the GPU extra)")
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("these tests run the kernels under TRITON_INTERPRET=1", allow_module_level=True)
 
+from helpers.bits import same_bits  # noqa: E402
 from ue5m3.numerics import gemm  # noqa: E402
 from ue5m3.numerics.quantize import quantize  # noqa: E402
 
@@ -161,10 +162,6 @@ def _reference(a_q, b_q, width=64, rtz=True, grid=1024):
     )
 
 
-def _same_bits(a, b):
-    return torch.equal(a.view(torch.int32), b.view(torch.int32))
-
-
 def _blockwise(m, k, spread, seed, block=16):
     """Gaussian values whose 16-element blocks are scaled by 2^(spread * N(0, 1)): how far apart a slice's block
     scales lie."""
@@ -186,7 +183,7 @@ def test_typical_operands_take_the_fast_path_and_keep_the_bits(scheme, b_two_d):
     for rtz, grid in ((True, 1024), (False, None)):
         out, taken = _paths(a_q, b_q, rtz=rtz, grid=grid)
         assert int(taken.sum()) == 0
-        assert _same_bits(out, _reference(a_q, b_q, rtz=rtz, grid=grid))
+        assert same_bits(out, _reference(a_q, b_q, rtz=rtz, grid=grid))
 
 
 @pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4"])
@@ -195,7 +192,7 @@ def test_block_scales_far_apart_take_the_exact_path_and_keep_the_bits(scheme):
     b_q = quantize(_blockwise(36, 256, 4.0, seed=2).t().contiguous(), scheme, axis=0)
     out, taken = _paths(a_q, b_q)
     assert bool(taken.all())
-    assert _same_bits(out, _reference(a_q, b_q))
+    assert same_bits(out, _reference(a_q, b_q))
 
 
 def test_one_gemm_mixes_both_paths_in_k_order():
@@ -207,7 +204,7 @@ def test_one_gemm_mixes_both_paths_in_k_order():
     a_q, b_q = quantize(x, "ue5m3_b16"), quantize(w, "ue5m3_b16", axis=0)
     out, taken = _paths(a_q, b_q)
     assert taken[:, :, [2, 5]].all() and int(taken.sum()) == taken[:, :, [2, 5]].numel()
-    assert _same_bits(out, _reference(a_q, b_q))
+    assert same_bits(out, _reference(a_q, b_q))
 
 
 def test_the_bound_is_what_keeps_the_fast_path_exact():
@@ -219,8 +216,8 @@ def test_the_bound_is_what_keeps_the_fast_path_exact():
     guarded, taken = _paths(a_q, b_q, grid=None)
     forced, forced_taken = _paths(a_q, b_q, grid=None, fast_bound=float("inf"))
     assert bool(taken.any()) and int(forced_taken.sum()) == 0
-    assert _same_bits(guarded, reference)
-    assert not _same_bits(forced, reference)
+    assert same_bits(guarded, reference)
+    assert not same_bits(forced, reference)
 
 
 def test_tile_size_changes_the_paths_never_the_bits():
@@ -228,7 +225,7 @@ def test_tile_size_changes_the_paths_never_the_bits():
     b_q = quantize(_blockwise(140, 192, 1.0, seed=9).t().contiguous(), "nvfp4", axis=0, two_d=True)
     small, _ = _paths(a_q, b_q, tile=64)
     large, _ = _paths(a_q, b_q, tile=128)
-    assert _same_bits(small, large) and _same_bits(small, _reference(a_q, b_q))
+    assert same_bits(small, large) and same_bits(small, _reference(a_q, b_q))
 
 
 @pytest.mark.parametrize("path_bound", [2.0**23, 0.0], ids=["fast", "exact"])
@@ -242,7 +239,7 @@ def test_the_snap_keeps_the_sign_of_a_negative_value_in_the_dead_zone(path_bound
     reference = _reference(a_q, b_q)
     assert torch.signbit(reference[0]).all() and not torch.signbit(reference[1]).any() and (reference == 0).all()
     out, _ = _paths(a_q, b_q, fast_bound=path_bound)
-    assert _same_bits(out, reference)
+    assert same_bits(out, reference)
 
 
 def test_all_zero_operands_and_slices():
@@ -253,9 +250,9 @@ def test_all_zero_operands_and_slices():
     b[:, :3] = 0
     a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0)
     out, taken = _paths(a_q, b_q)
-    assert _same_bits(out, _reference(a_q, b_q))
+    assert same_bits(out, _reference(a_q, b_q))
     zero_a, zero_b = quantize(torch.zeros(8, 64), "ue5m3_b16"), quantize(torch.zeros(64, 8), "ue5m3_b16", axis=0)
-    assert _same_bits(_paths(zero_a, zero_b)[0], _reference(zero_a, zero_b))
+    assert same_bits(_paths(zero_a, zero_b)[0], _reference(zero_a, zero_b))
 
 
 # ----- the shipped GPU tiles, 64-bit offsets and a prepared B, in the interpreter --------------------------------
@@ -273,7 +270,7 @@ def test_the_gpu_tiles_give_the_reference_bits(capability):
     b_q = quantize(_blockwise(140, 256, 1.0, seed=13).t().contiguous(), "ue5m3_b16", axis=0, two_d=True)
     out, taken = _paths(a_q, b_q, tiles=triton_gemm.PROBE_TILES[capability])
     assert taken.shape[:2] == (2, 3) and bool(taken[0, :, 1].all()) and int(taken.sum()) == 3
-    assert _same_bits(out, _reference(a_q, b_q))
+    assert same_bits(out, _reference(a_q, b_q))
 
 
 def test_64_bit_offsets_give_the_same_bits(monkeypatch):
@@ -299,7 +296,7 @@ def test_64_bit_offsets_give_the_same_bits(monkeypatch):
     assert all(launch.constants["INDEX64"] for launch in launches)
     wide, wide_taken = _paths(a_q, b_q)
     assert bool(taken.any()) and torch.equal(taken, wide_taken)
-    assert _same_bits(narrow, wide) and _same_bits(narrow, _reference(a_q, b_q))
+    assert same_bits(narrow, wide) and same_bits(narrow, _reference(a_q, b_q))
 
 
 def test_a_prepared_b_gives_the_same_bits_and_a_mismatched_one_is_refused():
@@ -307,7 +304,7 @@ def test_a_prepared_b_gives_the_same_bits_and_a_mismatched_one_is_refused():
     b_q = quantize(_blockwise(36, 192, 2.0, seed=17).t().contiguous(), "ue5m3_b16", axis=0, two_d=True)
     prepared = gemm.prepare_operand(b_q, backend="triton")
     got = gemm.matmul(a_q, b_q, "probe_matched", backend="triton", prepared_b=prepared)
-    assert _same_bits(got, _reference(a_q, b_q))
+    assert same_bits(got, _reference(a_q, b_q))
     with pytest.raises(ValueError, match="prepared_b was prepared"):
         gemm.matmul(a_q, b_q, "probe_matched", slice_width=32, backend="triton", prepared_b=prepared)
     assert gemm.prepare_operand(b_q, backend="torch") is None and gemm.prepare_operand(b_q, "mma_sim") is None

@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="triton is not installed (the GPU extra)")
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("these tests run the kernels under TRITON_INTERPRET=1", allow_module_level=True)
 
-from recipe_helpers import for_8b  # noqa: E402
+from helpers.recipes import for_8b  # noqa: E402
 from ue5m3.layers.linear import convert, find_scale_state  # noqa: E402
 from ue5m3.numerics.kernels import triton_quantize  # noqa: E402
 from ue5m3.numerics.philox import SRState  # noqa: E402

@@ -12,16 +12,12 @@ pytest.importorskip("triton", reason="triton is not installed (the GPU extra)")
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("these tests run the kernels under TRITON_INTERPRET=1", allow_module_level=True)
 
+from helpers.bits import same_bits  # noqa: E402
 from ue5m3.numerics import formats  # noqa: E402
 from ue5m3.numerics.kernels import triton_pack  # noqa: E402
 from ue5m3.numerics.quantize import quantize  # noqa: E402
 
 pytestmark = pytest.mark.triton
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    flat = (a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(*flat)
 
 
 def test_every_pair_of_e2m1_codes_packs_and_unpacks_as_the_torch_path():
@@ -31,7 +27,7 @@ def test_every_pair_of_e2m1_codes_packs_and_unpacks_as_the_torch_path():
     assert bool(torch.signbit(values[pairs == 8]).all())  # code 8 is -0.0
     packed = triton_pack.pack_e2m1(values)
     assert torch.equal(packed[:, 0].long(), pairs[:, 0] | (pairs[:, 1] << 4))  # element 2i in the low nibble
-    assert _same_bits(triton_pack.unpack_e2m1(packed), values)
+    assert same_bits(triton_pack.unpack_e2m1(packed), values)
 
 
 @pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4"])
@@ -42,10 +38,10 @@ def test_the_storage_form_is_the_torch_paths_bit_for_bit(scheme, two_d):
     x[3, :40] = -0.0
     q = quantize(x, scheme, two_d=two_d)
     by_kernel, by_torch = q.pack(kernel=True), q.pack(kernel=False)
-    assert all(_same_bits(a, b) for a, b in zip(by_kernel.tensors(), by_torch.tensors(), strict=True))
+    assert all(same_bits(a, b) for a, b in zip(by_kernel.tensors(), by_torch.tensors(), strict=True))
     for unpacked in (by_kernel.unpack(kernel=True), by_torch.unpack(kernel=False)):
-        assert _same_bits(unpacked.payload_blocks, q.payload_blocks)
-        assert _same_bits(unpacked.scale_values, q.scale_values)
+        assert same_bits(unpacked.payload_blocks, q.payload_blocks)
+        assert same_bits(unpacked.scale_values, q.scale_values)
 
 
 def test_the_kernels_refuse_what_they_do_not_take():
@@ -63,5 +59,5 @@ def test_64_bit_offsets_give_the_same_codes(monkeypatch):
     monkeypatch.setattr(triton_pack, "INT32_LIMIT", 100)
     assert triton_pack.pack_launch(values)[1].constants["INDEX64"]
     assert triton_pack.unpack_launch(narrow)[1].constants["INDEX64"]
-    assert _same_bits(triton_pack.pack_e2m1(values), narrow)
-    assert _same_bits(triton_pack.unpack_e2m1(narrow), values)
+    assert same_bits(triton_pack.pack_e2m1(values), narrow)
+    assert same_bits(triton_pack.unpack_e2m1(narrow), values)

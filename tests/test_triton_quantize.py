@@ -13,6 +13,7 @@ pytest.importorskip("triton", reason="triton is not installed (the GPU extra)")
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("these tests run the kernels under TRITON_INTERPRET=1", allow_module_level=True)
 
+from helpers.bits import assert_same_quantized  # noqa: E402
 from ue5m3.numerics.formats import UE8M0  # noqa: E402
 from ue5m3.numerics.philox import ElementIndex, RandomStream  # noqa: E402
 from ue5m3.numerics.quantize import AxisQuantization, quantize, quantize_both_axes  # noqa: E402
@@ -63,15 +64,6 @@ def _hard(shape, seed):
     return x
 
 
-def _assert_same(a, b):
-    for field in ("payload", "scales", "decode_scales"):
-        x, y = getattr(a, field), getattr(b, field)
-        assert torch.equal(x.contiguous().view(torch.int32), y.contiguous().view(torch.int32)), field
-    assert torch.equal(a.block_amax, b.block_amax)
-    assert int(a.zero_rounded_blocks) == int(b.zero_rounded_blocks)
-    assert int(a.saturated_blocks) == int(b.saturated_blocks)
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("rounding", ["rne", "rtz", "sf", "sr_te", "sr"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
@@ -81,7 +73,7 @@ def test_triton_kernel_equals_the_torch_reference(scheme, rounding, layout):
     stream = STREAM if rounding in ("sf", "sr_te", "sr") else None
     ref = quantize(x, SCHEMES[scheme], rounding=rounding, stream=stream, backend="torch", **kwargs)
     got = quantize(x, SCHEMES[scheme], rounding=rounding, stream=stream, backend="triton", **kwargs)
-    _assert_same(got, ref)
+    assert_same_quantized(got, ref)
 
 
 @pytest.mark.parametrize("reference", [1e-30, 1e-3, 1e4, 1e30])
@@ -90,17 +82,17 @@ def test_held_references_saturation_and_zero_repair_match(scheme, reference):
     x = _hard((8, 64), seed=5)
     ref = quantize(x, scheme, tensor_amax=reference, rounding="sf", stream=STREAM, backend="torch")
     got = quantize(x, scheme, tensor_amax=reference, rounding="sf", stream=STREAM, backend="triton")
-    _assert_same(got, ref)
+    assert_same_quantized(got, ref)
 
 
 def test_explicit_bits_and_shards_draw_what_the_reference_draws():
     x = _hard((16, 64), seed=6)
     bits = torch.randint(0, 256, x.shape, generator=torch.Generator().manual_seed(1))
     ref = quantize(x, "ue5m3_b16", rounding="sf", random_bits=bits, backend="torch")
-    _assert_same(quantize(x, "ue5m3_b16", rounding="sf", random_bits=bits, backend="triton"), ref)
+    assert_same_quantized(quantize(x, "ue5m3_b16", rounding="sf", random_bits=bits, backend="triton"), ref)
     shard = ElementIndex((32, 64), (16, 0))
     ref = quantize(x, "ue5m3_b16", rounding="sr_te", stream=STREAM, index=shard, backend="torch")
-    _assert_same(quantize(x, "ue5m3_b16", rounding="sr_te", stream=STREAM, index=shard, backend="triton"), ref)
+    assert_same_quantized(quantize(x, "ue5m3_b16", rounding="sr_te", stream=STREAM, index=shard, backend="triton"), ref)
 
 
 def test_triton_backend_refuses_what_it_does_not_cover():
@@ -140,8 +132,8 @@ def test_both_axes_from_one_read_equal_the_two_reference_calls(scheme, last_roun
         index=tshard,
         backend="torch",
     )
-    _assert_same(got_last, ref_last)
-    _assert_same(got_first, ref_first)
+    assert_same_quantized(got_last, ref_last)
+    assert_same_quantized(got_first, ref_first)
     assert got_first.shape == ref_first.shape and got_first.layout == ref_first.layout
 
 
@@ -152,9 +144,9 @@ def test_both_axes_take_their_own_targets_and_held_references(scheme):
     last = AxisQuantization(tensor_amax=held, name="x")
     first = AxisQuantization(target=2048.0, rounding="sf", stream=STREAM, name="xt")
     got_last, got_first = quantize_both_axes(x, scheme, last, first, transposed=True, backend="triton")
-    _assert_same(got_last, quantize(x, scheme, tensor_amax=held, backend="torch"))
+    assert_same_quantized(got_last, quantize(x, scheme, tensor_amax=held, backend="torch"))
     ref_first = quantize(x.t(), scheme, target=2048.0, rounding="sf", stream=STREAM, backend="torch")
-    _assert_same(got_first, ref_first)
+    assert_same_quantized(got_first, ref_first)
     assert got_first.scheme.target == 2048.0 and float(got_last.tensor_amax) == float(held)
 
 
@@ -162,8 +154,8 @@ def test_both_axes_of_a_ragged_tensor_are_the_two_calls():
     """Not whole blocks both ways: the two quantize calls run (same results, no fused kernel)."""
     x = _hard((40, 72), seed=4)
     got_last, got_first = quantize_both_axes(x, "ue5m3_b16", AxisQuantization(), AxisQuantization(), backend="triton")
-    _assert_same(got_last, quantize(x, "ue5m3_b16", backend="torch"))
-    _assert_same(got_first, quantize(x, "ue5m3_b16", axis=0, backend="torch"))
+    assert_same_quantized(got_last, quantize(x, "ue5m3_b16", backend="torch"))
+    assert_same_quantized(got_first, quantize(x, "ue5m3_b16", axis=0, backend="torch"))
 
 
 @pytest.mark.parametrize("scheme", ["ue5m3_b16", "mxfp4", "nvfp4_4over6_mse"])
@@ -182,6 +174,6 @@ def test_the_gpu_tiles_and_64_bit_offsets_give_the_same_bits(scheme, monkeypatch
         monkeypatch.setitem(triton_quantize.TWO_AXIS_TILES, "interpreter", tiles)
         monkeypatch.setattr(triton_quantize, "INT32_LIMIT", limit)
         got_last, got_first = quantize_both_axes(x, SCHEMES[scheme], last, first, transposed=True, backend="triton")
-        _assert_same(got_last, ref_last)
-        _assert_same(got_first, ref_first)
-        _assert_same(quantize(x, SCHEMES[scheme], two_d=True, backend="triton"), ref_2d)
+        assert_same_quantized(got_last, ref_last)
+        assert_same_quantized(got_first, ref_first)
+        assert_same_quantized(quantize(x, SCHEMES[scheme], two_d=True, backend="triton"), ref_2d)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ue5m3.data import BOS_ID, EOS_ID, Corpus, DataConfig, Document
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data" / "olmo_mix"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "data" / "olmo_mix"
 A_FILES = (str(FIXTURES / "dclm" / "*.jsonl"),)
 B_FILES = (str(FIXTURES / "olmo_no_dclm" / "*.jsonl"),)
 

@@ -1,4 +1,5 @@
-"""Worker for tests/test_train_distributed.py: ``torchrun --nproc-per-node N tests/distributed_worker.py CFG [LOG]``.
+"""Worker of the multi-process training tests (``helpers.distributed`` launches it), run as a script:
+``torchrun --nproc-per-node N tests/helpers/distributed_worker.py CFG [LOG]``.
 
 With LOG, every collective the run issues through ``torch.distributed`` (FSDP2's all-gathers and reduce-scatters,
 DDP's and the trainer's all-reduces, the scale references' MAX all-reduces) is appended to ``LOG.<rank>.jsonl`` as
@@ -10,6 +11,9 @@ With ``UE5M3_LOG_HASHES=PREFIX``, every file a checkpoint verification hashes is
 With ``UE5M3_NATIVE_WIRING_STAND_IN=1`` the run takes the ``native_te`` build path with plain ``nn.Linear`` modules
 standing in for ``te.Linear``: a test of the wiring only (checkpointing, attributes kept across ``fully_shard``,
 sharding); Transformer Engine does not run.
+
+Run as a script, this file's folder (tests/helpers) heads ``sys.path``: the worker imports nothing from it, and
+tests/test_test_suite.py checks that no helper module's name shadows an installed module.
 """
 
 import contextlib
