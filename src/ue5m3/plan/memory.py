@@ -23,7 +23,9 @@ The first three are counted from the parameters' shapes as FSDP2 shards them (di
 gradient dropped as soon as autograd produces it (FSDP2 reduce-scatters and frees it; the gradients term holds
 what stays). Every FP4 GEMM and quantization runs its device kernels' allocations (``backend.planning``), not
 the torch path's scratch. CUDA's BF16 autocast is not entered on the meta device: a ``bfloat16`` run computes in
-BF16 anyway; an FP32-parameter run is counted in FP32 (an upper bound on its autocast activations).
+BF16 anyway; an FP32-parameter run is counted in FP32 (an upper bound on its autocast activations). A Mamba-2 model
+runs its own ``ssd_backend``: the torch scan as it is, the ``mamba_ssm`` scan as the allocations of its source
+(:mod:`ue5m3.plan.ssd`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from ue5m3 import models
 from ue5m3.layers.linear import QuantLinear, find_scale_state, find_sr_state
 from ue5m3.numerics.backend import planning
+from ue5m3.plan import ssd
 from ue5m3.plan.tracking import LiveBytes
 from ue5m3.training import parallelize
 from ue5m3.training.build import build_shell
@@ -228,11 +231,13 @@ def training_memory(
     *,
     optimizer: bool = True,
     trainable: Callable[[nn.Module], list[nn.Parameter]] | None = None,
+    sms: int = ssd.DEFAULT_SM_COUNT,
 ) -> MemoryTerms:
     """The memory terms of one rank of a training run at ``world_size``: its model as the trainer builds it (meta),
     one step of ``cfg.micro_batch`` x ``sequence_length`` tokens per microbatch (``optimizer``: with AdamW's
     state; False for a forward and backward pass without an update). ``trainable``: the parameters that require
-    gradients in the pass (default all; the scale snapshot computes only those its hooked modules need)."""
+    gradients in the pass (default all; the scale snapshot computes only those its hooked modules need). ``sms``: the
+    SM count a ``mamba_ssm`` scan is planned on (:func:`ue5m3.plan.ssd.sm_count`)."""
     # a checkpointed block recomputes under the same fused attention (autograd runs no torch-function mode)
     contexts = lambda: (_FusedAttention(), _FusedAttention())  # noqa: E731
     model, _ = build_shell(cfg, cfg.resolved_recipe(), rank=0, world_size=world_size, contexts=contexts)
@@ -254,7 +259,8 @@ def training_memory(
 
         return forward, lambda loss: loss.backward()
 
-    with planning():  # the FP4 kernels' allocations, as on a GPU (auto and triton); torch runs its own path
+    # the FP4 kernels' allocations, as on a GPU (auto and triton; torch runs its own path), and mamba_ssm's scan's
+    with planning(), ssd.emulating_mamba_ssm(sms):
         counts = measure_step(model, step, MEASURED_MICROBATCHES, exclude=(tokens,))
     return MemoryTerms(
         parameters=static["parameters"],

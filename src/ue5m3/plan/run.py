@@ -8,6 +8,15 @@ Memory is counted on the meta device from the project's own build (:mod:`ue5m3.p
 the run's FSDP2 units (:mod:`ue5m3.plan.collectives`), time by the roofline estimate or a GPU check's measurement
 (:mod:`ue5m3.plan.cost`). Jobs of identical settings (seeds of one recipe) are measured once.
 
+The Mamba-2 scan has two backends (the model's ``ssd_backend``: the pure-PyTorch ``torch`` scan, the Triton
+``mamba_ssm`` one where it is installed), and the row keeps one (job, GPU type) per line: its memory terms are the
+job's own backend's (``ssd_backend``; empty for a model without Mamba-2 layers), and for a GPU training job whose
+model has Mamba-2 layers the ``other_scan_*`` columns give the same step run with the other backend
+(``other_scan``): its activations, transient, peak and whether it fits (parameters, gradients, optimizer state and
+FP4 caches are the same under both). Each backend is its own meta step (:mod:`ue5m3.plan.ssd`: mamba_ssm's scan as
+the allocations of its source), so the other scan costs one more measurement per such setting. The refusal reads
+the job's own backend.
+
 The workflow reads the plan before it submits a training job (:func:`refusal`): a job that does not fit a GPU
 its partition may hold, or whose runs cannot finish within the budget's jobs, is refused naming the numbers; the
 training rules take their retries, time limits and signal margins from the plan.
@@ -26,10 +35,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ue5m3 import config as config_loader
+from ue5m3 import models
 from ue5m3.artifacts import atomic_path, provenance, write_csv, write_json
 from ue5m3.config import Range
 from ue5m3.logs import progress_over
-from ue5m3.plan import collectives, cost, memory
+from ue5m3.models.nemotron_h import SSD_BACKENDS
+from ue5m3.plan import collectives, cost, memory, ssd
 from ue5m3.plan.gpus import GpuType, gpu_type
 from ue5m3.training.build import build_shell
 from ue5m3.training.config import TrainConfig
@@ -181,6 +192,12 @@ COLUMNS = [
     "gpu_memory_gb",
     "fits",
     "memory_basis",
+    "ssd_backend",
+    "other_scan",
+    "other_scan_activations_gb",
+    "other_scan_transient_gb",
+    "other_scan_peak_gb",
+    "other_scan_fits",
     "all_gathers",
     "all_gather_gb",
     "reduce_scatters",
@@ -206,8 +223,9 @@ def _train_config(settings: Mapping[str, Any]) -> TrainConfig:
     return config_loader.load(TrainConfig, dict(settings), source="plan job")
 
 
-def _memory(job: PlanJob) -> tuple[memory.MemoryTerms, str, TrainConfig]:
-    """The job's memory terms (the largest of a throughput job's recipes) and how they were counted."""
+def _memory(job: PlanJob, sms: int = ssd.DEFAULT_SM_COUNT) -> tuple[memory.MemoryTerms, str, TrainConfig]:
+    """The job's memory terms (the largest of a throughput job's recipes) and how they were counted (``sms``: the
+    SM count a ``mamba_ssm`` scan is planned on)."""
     cfg = _train_config(job.settings)
     basis = "meta step"
     if job.native:  # Transformer Engine does not run here: its emulated twin (the same recipe, model, parallelism)
@@ -219,17 +237,37 @@ def _memory(job: PlanJob) -> tuple[memory.MemoryTerms, str, TrainConfig]:
         def needed(model):
             return snapshot._needs_grad(model, snapshot.default_modules(model))
 
-        terms = memory.training_memory(cfg, 1, job.sequence_length, optimizer=False, trainable=needed)
+        terms = memory.training_memory(cfg, 1, job.sequence_length, optimizer=False, trainable=needed, sms=sms)
         return terms, f"{basis}; gradients of the blocks from the first hooked one", cfg
     if job.kind == "train":
-        return memory.training_memory(cfg, job.world_size, job.sequence_length), basis, cfg
+        return memory.training_memory(cfg, job.world_size, job.sequence_length, sms=sms), basis, cfg
     terms = [
         memory.training_memory(
-            dataclasses.replace(cfg, recipe=recipe), job.world_size, job.sequence_length, optimizer=False
+            dataclasses.replace(cfg, recipe=recipe), job.world_size, job.sequence_length, optimizer=False, sms=sms
         )
         for recipe in ("bf16", *job.throughput_recipes)
     ]
     return max(terms, key=lambda t: t.peak), f"{basis}; the largest of its recipes", cfg
+
+
+def scan_backend(cfg: TrainConfig) -> str:
+    """The Mamba-2 scan backend of the run's model ("" for a model without Mamba-2 layers)."""
+    model_cfg = models.config(cfg.model, **cfg.model_overrides)
+    if isinstance(model_cfg, models.NemotronHConfig) and "M" in model_cfg.hybrid_override_pattern:
+        return model_cfg.ssd_backend
+    return ""
+
+
+def _other_scan(job: PlanJob, cfg: TrainConfig, sms: int) -> tuple[str, memory.MemoryTerms] | None:
+    """A GPU training job whose model has Mamba-2 layers: the other scan backend and the step's memory terms under
+    it (``cfg``: the job's measured config, :func:`_memory`); None for any other job."""
+    own = scan_backend(cfg)
+    if job.kind != "train" or not job.gpus_per_node or not own:
+        return None
+    other = next(b for b in SSD_BACKENDS if b != own)
+    overrides = {**cfg.model_overrides, "ssd_backend": other}
+    other_cfg = dataclasses.replace(cfg, model_overrides=overrides)
+    return other, memory.training_memory(other_cfg, job.world_size, job.sequence_length, sms=sms)
 
 
 def _signal_margin_minutes(terms: memory.MemoryTerms, job: PlanJob, step_seconds: float, storage: float) -> int:
@@ -248,6 +286,7 @@ def _row(
     comm: collectives.StepCollectives,
     gpu: GpuType | None,
     plan: PlanConfig,
+    other: tuple[str, memory.MemoryTerms] | None = None,
 ) -> dict[str, Any]:
     world = job.world_size
     accumulation = cfg.accumulation_for(world) if job.kind == "train" else 1
@@ -274,6 +313,11 @@ def _row(
         },
         "peak_gb": terms.peak / GB,
         "memory_basis": basis,
+        "ssd_backend": scan_backend(cfg),
+        "other_scan": other[0] if other else "",
+        "other_scan_activations_gb": other[1].activations / GB if other else None,
+        "other_scan_transient_gb": other[1].transient / GB if other else None,
+        "other_scan_peak_gb": other[1].peak / GB if other else None,
         "all_gathers": comm.all_gathers,
         "all_gather_gb": comm.all_gather_bytes / GB,
         "reduce_scatters": comm.reduce_scatters,
@@ -284,9 +328,11 @@ def _row(
         "max_jobs": plan.max_jobs_per_run,
     }
     if gpu is None:  # a CPU job: its memory is the host's; the estimate is of GPUs only
-        return {**row, "reserve_gb": 0.0, "gpu_memory_gb": None, "fits": None, "step_time_source": "none"}
+        return {**row, "reserve_gb": 0.0, "gpu_memory_gb": None, "fits": None, "other_scan_fits": None,
+                "step_time_source": "none"}  # fmt: skip
     reserve = plan.memory_reserve * gpu.memory
     fits = terms.peak + reserve <= gpu.memory
+    row["other_scan_fits"] = other[1].peak + reserve <= gpu.memory if other else None
     eff = cost.Efficiency()
     native = job.native and gpu.nvfp4 is not None
     measured = cost.measured_seconds(plan.gpu_records, gpu.name, cfg.model, cfg.recipe, tokens)
@@ -347,8 +393,9 @@ def _collectives(job: PlanJob, cfg: TrainConfig) -> collectives.StepCollectives:
     return collectives.step_collectives(model, cfg, job.world_size)
 
 
-def _measure_key(job: PlanJob) -> tuple:
-    """What a job's memory depends on: its settings but the seed and run directory, and its shape."""
+def _measure_key(job: PlanJob, sms: int = ssd.DEFAULT_SM_COUNT) -> tuple:
+    """What a job's memory depends on: its settings but the seed and run directory, its shape, and the SM count a
+    ``mamba_ssm`` scan is planned on."""
     settings = {k: v for k, v in job.settings.items() if k not in ("seed", "run_dir", "restart_on_change")}
     if job.native:  # measured as its emulated twin (_memory)
         settings["execution"] = "emulated"
@@ -359,6 +406,7 @@ def _measure_key(job: PlanJob) -> tuple:
         job.world_size,
         job.native,
         job.throughput_recipes,
+        sms,
     )
 
 
@@ -369,14 +417,16 @@ def run(cfg: PlanConfig, out_dir: str | Path) -> dict[str, Path]:
     measured: dict[tuple, tuple] = {}
     rows = []
     for job in progress_over(cfg.jobs, "plan", unit="job", logger=logger):
-        key = _measure_key(job)
-        if key not in measured:
-            terms, basis, train_cfg = _memory(job)
-            measured[key] = (terms, basis, train_cfg, _collectives(job, train_cfg))
-        terms, basis, train_cfg, comm = measured[key]
         gpus = [gpu_type(name) for name in cfg.partitions.get(job.partition, ())] if job.gpus_per_node else [None]
+        sms = ssd.sm_count(gpu.name for gpu in gpus if gpu is not None)
+        key = _measure_key(job, sms)
+        if key not in measured:
+            terms, basis, train_cfg = _memory(job, sms)
+            other = _other_scan(job, train_cfg, sms)
+            measured[key] = (terms, basis, train_cfg, _collectives(job, train_cfg), other)
+        terms, basis, train_cfg, comm, other = measured[key]
         for gpu in gpus:
-            rows.append(_row(job, train_cfg, terms, basis, comm, gpu, cfg))
+            rows.append(_row(job, train_cfg, terms, basis, comm, gpu, cfg, other))
         logger.info(f"planned {job.name}: {terms.peak / GB:.1f} GB per rank at world size {job.world_size}")
     paths = {"plan": out / "plan.csv", "table": out / "plan.md", "provenance": out / "plan.json"}
     write_csv(paths["plan"], rows, COLUMNS)
