@@ -90,10 +90,11 @@ agreed = table["verdict"].dropna() == "reproduced"
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(8.5, 3.9))
 styles = {"bf16": ("0.2", "-"), "rne": (OURS_COLOR, "-"), "sr": ("#d62728", "--")}
+ARM_LABELS = {"bf16": "BF16", "rne": "UE5M3 B16, RNE dY", "sr": "UE5M3 B16, SR dY"}
 for (arm, grid), group in curves.groupby(["rounding", "grid"], sort=True):
     color, linestyle = styles.get(arm, ("0.5", ":"))
     per_step = group.groupby("step")["loss"]
-    label = arm if grid == "none" else None
+    label = ARM_LABELS.get(arm, arm) if grid == "none" else None
     left.plot(per_step.mean().index, per_step.mean(), color=color, linestyle=linestyle, linewidth=0.9, label=label)
     if grid == "none":
         left.fill_between(per_step.min().index, per_step.min(), per_step.max(), color=color, alpha=0.15)
@@ -105,7 +106,7 @@ mse = table[table["metric"] == "mean_final_eval_mse"].reset_index(drop=True)
 x = range(len(mse))
 right.bar([i - 0.2 for i in x], mse["ours"], width=0.4, color=OURS_COLOR, label="ours")
 right.bar([i + 0.2 for i in x], mse["paper"], width=0.4, color=PAPER_COLOR, alpha=0.5, label="paper")
-right.set_xticks(list(x), labels=mse["arm"])
+right.set_xticks(list(x), labels=[ARM_LABELS.get(arm, arm).replace(", ", "\n") for arm in mse["arm"]])
 right.set_yscale("log")
 right.set_ylabel("mean final eval MSE")
 right.legend()

@@ -147,6 +147,58 @@ def test_the_report_lists_every_figure_and_table_in_its_category_and_renders_eac
     assert not blank, f"blank views (fraction of non-background pixels): {blank}; screenshots in {tmp_path}"
 
 
+FORMAT_NAMES = ("UE5M3", "E4M3", "UE8M0", "E2M1", "MXFP4", "NVFP4", "BF16")
+"""The number formats a caption may name: each one it names as shown must be named in the figure."""
+
+
+def _shown(labels: dict) -> str:
+    """Every text of a figure's labels sidecar (ue5m3.plotting.figure_labels), joined."""
+    texts = [labels["suptitle"], *labels["figure_legend"]]
+    for ax in labels["axes"]:
+        texts += [ax["title"], ax["xlabel"], ax["ylabel"], *ax["legend"], *ax["ticklabels"], *ax["texts"]]
+    return " ".join(texts)
+
+
+def _described(caption: str) -> str:
+    """What a caption says the figure shows: without its templated settings, its citations of the paper's own
+    numbers (a sentence starting 'Paper', a parenthesis starting 'paper')."""
+    text = re.sub(r"\{\{.*?\}\}", "", caption, flags=re.S)
+    text = re.sub(r"\(paper [^()]*(\([^()]*\)[^()]*)*\)", "", text)
+    return " ".join(s for s in re.split(r"(?<=\.) ", text) if not s.startswith("Paper"))
+
+
+def _caption_disagreements(caption: str, labels: dict) -> list[str]:
+    described, shown = _described(caption), _shown(labels).upper()
+    problems = [f"names {name}, which the figure does not" for name in FORMAT_NAMES
+                if re.search(rf"\b{name}\b", described) and name not in shown]  # fmt: skip
+    scales = {ax[key] for ax in labels["axes"] for key in ("xscale", "yscale")}
+    if re.search(r"\blog(2|10)? axis|\baxes log|\blog axes", described) and "log" not in scales:
+        problems.append(f"says log axis, the figure's scales are {sorted(scales)}")
+    return problems
+
+
+def test_caption_disagreements_are_found():
+    labels = {"suptitle": "", "figure_legend": [], "axes": [
+        {"title": "E4M3", "xlabel": "x", "ylabel": "", "legend": [], "ticklabels": [], "texts": [],
+         "xscale": "linear", "yscale": "linear"}]}  # fmt: skip
+    assert _caption_disagreements("E4M3 and UE5M3 on a log axis. Paper: NVFP4 2.3.", labels) == [
+        "names UE5M3, which the figure does not",
+        "says log axis, the figure's scales are ['linear']",
+    ]
+    assert _caption_disagreements("E4M3 values (paper section 4.1: UE8M0 too).", labels) == []
+
+
+def test_every_figures_caption_names_only_what_the_figure_shows(report):
+    """The registry's caption against the figure's own titles, labels, legend, ticks and annotations (the sidecar
+    each figure rule writes beside its report view): the formats it names and the log axes it claims."""
+    problems = {}
+    for item in (f for f in stages.FIGURES if f.kind == "pdf"):
+        labels = json.loads((report / "results" / "report" / f"{item.name}.labels.json").read_text())
+        if found := _caption_disagreements(item.caption, labels):
+            problems[item.name] = found
+    assert not problems, problems
+
+
 MIN_INK = 0.02  # the share of pixels off the background below which a view counts as blank
 
 

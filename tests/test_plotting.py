@@ -318,3 +318,22 @@ def test_notebook_setup_rejects_bad_sources_before_binding_anything(sources, err
     with pytest.raises(error, match=match):
         plotting.notebook_setup(namespace, figure_pdf="output.figure", **sources)
     assert namespace["figure_pdf"] == "figures/f.pdf"
+
+
+def test_figure_labels_name_what_a_reader_sees_in_the_saved_figure(tmp_path):
+    """Titles at any place, axis labels and scales, categorical tick labels, annotations and legend entries."""
+    fig, (left, right) = plt.subplots(1, 2)
+    left.plot([1, 10], [1, 100], label="UE5M3")
+    left.set(xscale="log", yscale="log", xlabel="target T", ylabel="headroom U / T")
+    left.set_title("E4M3: 126 codes", loc="left")
+    left.annotate("max 448", (1, 1))
+    left.legend()
+    right.barh([0, 1], [1, 2])
+    right.set_yticks([0, 1], labels=["TE NVFP4", "UE5M3 B16"])
+    plotting.save_figure(fig, tmp_path / "f.pdf")
+    labels = plotting.figure_labels(fig)
+    plt.close(fig)
+    first, second = labels["axes"]
+    assert first["title"] == "E4M3: 126 codes" and first["texts"] == ["max 448"] and first["legend"] == ["UE5M3"]
+    assert (first["xscale"], first["yscale"], first["xlabel"]) == ("log", "log", "target T")
+    assert {"TE NVFP4", "UE5M3 B16"} <= set(second["ticklabels"])

@@ -127,14 +127,18 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
 
 
 def figure_labels(fig: Figure) -> dict[str, Any]:
-    """What a reader sees named in a figure: each axes' title, x and y labels and legend entries, and the
-    figure's suptitle (what a caption must agree with)."""
+    """What a reader sees named in a figure: each axes' titles (left, centre, right), x and y labels, scales, tick
+    labels, annotations and legend entries, and the figure's suptitle and legends (what a caption must agree
+    with)."""
     axes = []
     for ax in fig.axes:
         legend = ax.get_legend()
+        titles = [ax.get_title(loc=loc) for loc in ("left", "center", "right")]
         axes.append(
             {
-                "title": ax.get_title(),
+                "title": " ".join(t for t in titles if t),
+                "ticklabels": [t.get_text() for t in (*ax.get_xticklabels(), *ax.get_yticklabels()) if t.get_text()],
+                "texts": [t.get_text() for t in ax.texts],
                 "xlabel": ax.get_xlabel(),
                 "ylabel": ax.get_ylabel(),
                 "xscale": ax.get_xscale(),

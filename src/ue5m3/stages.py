@@ -121,9 +121,9 @@ FIGURES: tuple[Figure, ...] = (
         "codebooks",
         "range_analysis",
         "Codebooks of the block-scale formats",
-        "Every positive finite value of E4M3 (NVFP4's block scale) and of UE5M3, one panel each, on a shared log "
-        "axis: both have three fraction bits (8 codes per binade); UE5M3 spans 2^-17 to 61,440, E4M3 2^-9 to 448 "
-        "(paper section 4.1). Analytic, the same at every scale.",
+        "Every positive finite value of E4M3 (the block scale of TE's recipe) and of UE5M3, one panel each, on a "
+        "shared log axis: both have three fraction bits (8 codes per binade); UE5M3 spans 2^-17 to 61,440, E4M3 "
+        "2^-9 to 448 (paper section 4.1). Analytic, the same at every scale.",
     ),
     Figure(
         "range_headroom",
@@ -146,8 +146,8 @@ FIGURES: tuple[Figure, ...] = (
         "Worked example of scale placement",
         "The worked example of the paper: tensor reference g = "
         "{{ snakemake.config['range_analysis']['example_reference'] }} mapped to T in "
-        "{{ snakemake.config['range_analysis']['example_targets'] }}, and where block maxima land on the UE5M3 and "
-        "E4M3 codebooks. Analytic.",
+        "{{ snakemake.config['range_analysis']['example_targets'] }}: for each target the range of nonzero block "
+        "maxima UE5M3 scales represent, with the scale code of a block whose amax is g. Analytic.",
     ),
     Figure(
         "accumulation_rtz_bias",
@@ -528,10 +528,9 @@ FIGURES += (
         "proposed ue5m3_b16) and minus BF16's, paired per seed (seeds "
         "{{ snakemake.config['training']['seeds'] }}), with the 95% t interval and the verdict, grouped by "
         "scale-format family; model {{ snakemake.config['training']['model'] }}, "
-        "{{ snakemake.config['training']['steps'] }} steps. The study's arms (config/study_formats.yaml) are one "
-        "factor each from the reference: E4M3 at T = 448 and 256 with and without 4/6 selection, UE5M3 under its "
-        "three top-code conventions at T in {448, 2048, 8192}, UE8M0 floor and RCEIL at blocks 16 and 32, D in "
-        "{1, 10, 50, 200}. Beyond the paper.",
+        "{{ snakemake.config['training']['steps'] }} steps. The study's arms, each one factor away from the "
+        "reference (scale format, target, top-code convention, 4/6 selection, power-of-two scale rounding and block "
+        "size, reference period D), are listed in config/study_formats.yaml and drawn when trained. Beyond the paper.",
     ),
     Figure(
         "format_study_table",
