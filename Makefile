@@ -1,4 +1,4 @@
-# Two commands:
+# Commands:
 #   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2);
 #                    after an interruption the same command resumes (workflow/reproduce.sh)
 #   make test        build .venv if needed, then run the test suite (pytest -q)
