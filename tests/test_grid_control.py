@@ -120,5 +120,8 @@ def test_bf16_arm_refuses_a_grid():
 
 @pytest.mark.slow
 def test_paper_scale_seed_is_bit_identical_across_grids():
-    cfg = gc.GridControlConfig(seeds=(41,), bf16_baseline=False)
-    assert all(gc.run(cfg, progress=False).bitwise_identical_across_grids.values())
+    """At the paper's full size, the unsnapped GEMM against the coarsest of the paper's grids (1/256), both
+    roundings: the grid most likely to move a bit (the pipeline's grid_control rule runs all six on every seed)."""
+    cfg = gc.GridControlConfig(seeds=(41,), grids=(None, 256), bf16_baseline=False)
+    same = gc.run(cfg, progress=False).bitwise_identical_across_grids
+    assert same == {(41, "rne"): True, (41, "sr"): True}
