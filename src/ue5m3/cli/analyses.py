@@ -1,4 +1,5 @@
-"""The analysis verbs: range analysis, accumulation statistics, throughput, training summaries and format facts."""
+"""The analysis verbs: range analysis, accumulation statistics, throughput, training summaries, format facts, the
+plan and the scale ladder."""
 
 from __future__ import annotations
 
@@ -75,6 +76,16 @@ def _plan(args: argparse.Namespace) -> int:
     return argtypes.print_paths(plan.run(cfg, args.out_dir))
 
 
+def _ladder(args: argparse.Namespace) -> int:
+    from ue5m3.cli import rungs
+
+    text = rungs.write(args.write, args.curves, points=args.points, tokens_per_point=args.tokens_per_point)
+    if args.write:
+        return argtypes.print_paths({"ladder": args.write})
+    print(text, end="")
+    return 0
+
+
 def _format_study(args: argparse.Namespace) -> int:
     from ue5m3.experiments import format_study
 
@@ -93,6 +104,32 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     argtypes.add_config_option(p, "ue5m3.plan.run.PlanConfig")
     p.add_argument("--out-dir", required=True, help="directory for the plan")
     verbs["plan"] = _plan
+
+    p = sub.add_parser(
+        "ladder",
+        help="the scale ladder: per claim the paired seeds its paper-sized effect needs, per rung the claims decided",
+        description="Size each claim of the claims table by the paired spread of final-window losses over seeds "
+        "(exact paired-t power, alpha 0.05, 80% power), load each rung's config (config/study_cpu.yaml, "
+        "config/study_gpu_day.yaml, config/study_node_day.yaml, config/paper.yaml) merged over config/config.yaml "
+        "and checked whole, cost its training runs with the plan's estimate, and print the ladder's tables or write "
+        "them into a Markdown file's ladder section (docs/experiments.md). The configs are read from the checkout the "
+        "package runs from.",
+    )
+    p.add_argument(
+        "--curves",
+        help="a training summary's curves.csv to take the spread from (default: the shipped CPU runs' final windows)",
+    )
+    p.add_argument(
+        "--points",
+        type=int,
+        default=10,
+        help="logged points of the final window the spread is measured over (default 10)",
+    )
+    p.add_argument(
+        "--tokens-per-point", type=int, default=1024, help="tokens behind one logged loss (default 1024: 8 x 128)"
+    )
+    p.add_argument("--write", help="a Markdown file whose ladder section (between its markers) is replaced")
+    verbs["ladder"] = _ladder
 
     p = sub.add_parser(
         "conformance",
