@@ -79,7 +79,8 @@ def _plan(args: argparse.Namespace) -> int:
 def _ladder(args: argparse.Namespace) -> int:
     from ue5m3.cli import rungs
 
-    text = rungs.write(args.write, args.curves, points=args.points, tokens_per_point=args.tokens_per_point)
+    window = {k: v for k, v in (("points", args.points), ("tokens_per_point", args.tokens_per_point)) if v is not None}
+    text = rungs.write(args.write, args.curves, **window)
     if args.write:
         return argtypes.print_paths({"ladder": args.write})
     print(text, end="")
@@ -122,11 +123,10 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: dict[str, Callable[[argpar
     p.add_argument(
         "--points",
         type=int,
-        default=10,
-        help="logged points of the final window the spread is measured over (default 10)",
+        help="logged points of the final window the spread is measured over (default: the CPU windows' 10)",
     )
     p.add_argument(
-        "--tokens-per-point", type=int, default=1024, help="tokens behind one logged loss (default 1024: 8 x 128)"
+        "--tokens-per-point", type=int, help="tokens behind one logged loss (default: the CPU runs' 8 x 128)"
     )
     p.add_argument("--write", help="a Markdown file whose ladder section (between its markers) is replaced")
     verbs["ladder"] = _ladder
