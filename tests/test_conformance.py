@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ue5m3.conformance import judge, operations
+from ue5m3.conformance.corpus import Case
 from ue5m3.conformance.known import KNOWN
 from ue5m3.conformance.run import ConformanceConfig, run
 
@@ -71,19 +72,67 @@ def test_the_cells_that_must_agree_are_bit_exact(matrix, operation, peer):
 
 
 @pytest.mark.parametrize(
-    ("operation", "peer", "cause"),
+    ("operation", "peer", "module", "cause"),
     [
-        ("4/6 selection (MSE)", "fouroversix", "fouroversix_negative_zero"),
-        ("nvfp4 quantize (torchao order)", "torchao", "torchao_scale_floor"),
-        ("mxfp4 quantize (floor)", "torchao", "torchao_e8m0_min_scale"),
-        ("nvfp4 quantize (TE order)", "transformer-engine", "te_negative_zero"),
+        ("4/6 selection (MSE)", "fouroversix", "fouroversix", "fouroversix_negative_zero"),
+        ("nvfp4 quantize (torchao order)", "torchao", "torchao", "torchao_scale_floor"),
+        ("mxfp4 quantize (floor)", "torchao", "torchao", "torchao_e8m0_min_scale"),
+        ("mxfp4 quantize (rceil)", "torchao", "torchao", "torchao_e8m0_min_scale, torchao_rceil_fp32_log2"),
+        ("nvfp4 quantize (TE order)", "transformer-engine", "", "te_negative_zero"),
+        ("nvfp4 quantize (TE order)", "nvidia-modelopt", "modelopt", "modelopt_negative_zero, zero_scale_payload"),
     ],
 )
-def test_known_differences_explain_every_differing_element(matrix, operation, peer, cause):
-    if peer != "transformer-engine":
-        pytest.importorskip(peer)
+def test_known_differences_explain_every_differing_element(matrix, operation, peer, module, cause):
+    if module:
+        pytest.importorskip(module)
     cell = _cell(matrix[0], operation, peer)
     assert cell["verdict"] == "different" and cell["known_difference"] == cause
+
+
+def test_no_cell_leaves_a_differing_element_unexplained(matrix):
+    assert [c for c in matrix[0] if "unexplained" in c["known_difference"]] == []
+
+
+def _operation(name: str, peer: str) -> operations.Operation:
+    (op,) = [op for op in operations.OPERATIONS if op.name == name and op.peer == peer]
+    return op
+
+
+def _judged(op: operations.Operation, x: torch.Tensor) -> tuple[operations.Outcome, torch.Tensor]:
+    """The outcome on one hand-made case and its differing elements that no known difference explains."""
+    outcome = op.function(Case("minimal", x))
+    differing = judge.compare(outcome.ours, outcome.theirs, outcome.excluded).differing
+    unexplained = differing.clone()
+    for mask in outcome.explained.values():
+        unexplained &= ~mask.reshape(-1)
+    return outcome, unexplained
+
+
+def test_torchao_rceil_rounds_a_descale_just_above_a_power_of_two_down_through_its_fp32_log2():
+    pytest.importorskip("torchao")
+    # block 0: a_B = 0x3BC00002, a_B / 6 = 2^-10 (1 + 2^-23) (0x3A800001): the exact round-up is 2^-9 (code 118);
+    # torchao's FP32 log2 of it is -10.0, so its ceil gives 2^-10 (code 117) and the payload doubles (3 -> 6).
+    # block 1: a_B / 6 = 1.5 * 2^-10, far from a power of two: both give 2^-9.
+    a = torch.tensor(0x3BC00002, dtype=torch.int32).view(torch.float32)
+    x = torch.stack([a * torch.tensor([1.0, -1.0, 0.5, -0.5] * 8), torch.full((32,), 6 * 1.5 * 2.0**-10)])
+    outcome, unexplained = _judged(_operation("mxfp4 quantize (rceil)", "torchao"), x)
+    assert outcome.ours[:2].tolist() == [118.0, 118.0] and outcome.theirs[:2].tolist() == [117.0, 118.0]
+    assert outcome.ours[2:6].tolist() == [3.0, -3.0, 1.5, -1.5] and outcome.theirs[2:6].tolist() == [6, -6, 3, -3]
+    assert torch.equal(outcome.ours[34:], outcome.theirs[34:])  # block 1's payload agrees
+    explained = outcome.explained["torchao_rceil_fp32_log2"]
+    assert explained[[0, 2]].all() and not explained[[1, 34]].any()
+    assert not unexplained.any()
+
+
+def test_modelopt_writes_negative_zero_as_positive_zero():
+    pytest.importorskip("modelopt")
+    x = torch.tensor([[2688.0, -0.0, 1.0, -0.0, 0.0, -3.0, -0.0, 6.0, -1.0, 0.5, -0.0, 2.0, -0.0, 4.0, -6.0, 0.0]])
+    outcome, unexplained = _judged(_operation("nvfp4 quantize (TE order)", "nvidia-modelopt"), x)
+    differing = judge.compare(outcome.ours, outcome.theirs).differing
+    negative_zero = [1 + i for i, v in enumerate(x[0].tolist()) if v == 0 and str(v) == "-0.0"]  # after 1 scale
+    assert torch.nonzero(differing).flatten().tolist() == negative_zero
+    assert torch.signbit(outcome.ours[negative_zero]).all() and not torch.signbit(outcome.theirs[negative_zero]).any()
+    assert outcome.explained["modelopt_negative_zero"][negative_zero].all() and not unexplained.any()
 
 
 def test_the_stochastic_cell_states_its_test_and_p_value(matrix):

@@ -19,6 +19,11 @@ KNOWN = {
         "torchao's to_mx stores a UE8M0 scale code 0 (2^-127) but divides the block by max(scale, 2^-126) (FP32's "
         "smallest normal, mx_tensor.py's F32_MIN_NORMAL clamp): the payload of a block at the minimum scale is halved"
     ),
+    "torchao_rceil_fp32_log2": (
+        "torchao's RCEIL (its eager fallback, mx_tensor.py's _to_mx_rceil) takes ceil(log2(a_B / 6)) with an FP32 "
+        "log2, which rounds to the integer k when a_B / 6 is a few ulps above 2^k: the scale is 2^k, not the "
+        "2^(k+1) of TE's float_to_e8m0 / cvt.rp.ue8m0 (this project's exponent-bit round-up), so the payload doubles"
+    ),
     "fouroversix_negative_zero": (
         "fouroversix's E2M1 rounding is sign(x) * magnitude, and sign(-0.0) is 0: an input -0.0 becomes +0.0"
     ),
@@ -33,6 +38,10 @@ KNOWN = {
     "modelopt_division": (
         "ModelOpt divides each element by the decoded block scale (x / (s_block * s_tensor)); Transformer Engine "
         "multiplies by the FP32 reciprocal of the decoded scale, and the two cross E2M1 midpoints differently"
+    ),
+    "modelopt_negative_zero": (
+        "ModelOpt's _cast_fp4 sets the E2M1 sign bit from x < 0, which is false for -0.0: an input -0.0 becomes "
+        "code 0, +0.0; this project keeps the sign of zero"
     ),
     "modelopt_scale_order": (
         "ModelOpt forms the block scale as (a_B / 6) / (g / 2688) (torchao's order), not TE's a_B * (G * (1/6))"

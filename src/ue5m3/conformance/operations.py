@@ -197,6 +197,14 @@ def _torchao_nvfp4(order: ScaleOrder):
     return run
 
 
+def _fp32_log2_rounds_down(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Per block: torchao's RCEIL descale a_B / 6 (FP32 division, as torchao) lies above a power of two 2^k, yet
+    its FP32 log2 rounds to k, so torchao's ceil(log2(...)) stays at k (just below 2^k, the rounding is harmless)."""
+    descale = x.abs().reshape(*x.shape[:-1], -1, width).amax(-1) / 6.0
+    log2 = torch.log2(descale)
+    return torch.isfinite(log2) & (log2 == torch.round(log2)) & (descale > torch.exp2(log2))
+
+
 def _torchao_mx(scheme, mode_name: str):
     def run(case: Case) -> Outcome | None:
         from torchao.prototype.mx_formats.config import ScaleCalculationMode
@@ -211,6 +219,8 @@ def _torchao_mx(scheme, mode_name: str):
         theirs = _flat(scales.view(torch.uint8).to(torch.float32).reshape(q.scales.shape), payload)
         out = Outcome(ours, theirs)
         out.explained["torchao_e8m0_min_scale"] = _block_mask(q.scale_codes == 0, 32)
+        if mode_name == "RCEIL":
+            out.explained["torchao_rceil_fp32_log2"] = _block_mask(_fp32_log2_rounds_down(case.x, 32), 32)
         return out
 
     return run
@@ -282,6 +292,8 @@ def _modelopt_nvfp4(case: Case) -> Outcome | None:
     by_division = (divided == payload) & (divided != q.payload)
     out.explained["modelopt_division"] = _flat(torch.zeros_like(q.scales), by_division).bool()
     out.explained["zero_scale_payload"] = _block_mask(q.scales == 0, 16)
+    negative_zero = torch.signbit(case.x) & (case.x == 0)
+    out.explained["modelopt_negative_zero"] = _flat(torch.zeros_like(q.scales), negative_zero).bool()
     return out
 
 
