@@ -110,17 +110,12 @@ def render(
     return ladder.tables(sizings, loaded)
 
 
-def write(
-    path: str | Path | None,
-    curves: str | Path | None = None,
-    *,
-    points: int = 10,
-    tokens_per_point: int = ladder.CPU_TOKENS_PER_POINT,
-) -> str:
-    """The ladder's section rendered from the curves file ``curves`` (default: the shipped CPU windows) and written
-    between the ladder markers of the Markdown file ``path`` (None: only returned)."""
+def write(path: str | Path | None, curves: str | Path | None = None, **window: int) -> str:
+    """The ladder's section rendered from the curves file ``curves`` (default: the shipped CPU windows; ``window``:
+    :func:`render`'s ``points`` and ``tokens_per_point``) and written between the ladder markers of the Markdown
+    file ``path`` (None: only returned)."""
     frame = pd.read_csv(curves) if curves else None
-    text = render(frame, points=points, tokens_per_point=tokens_per_point)
+    text = render(frame, **window)
     if path is not None:
         ladder.write_section(path, text)
     return text
