@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ue5m3 import stages
+from ue5m3 import figures
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLER = Path(__file__).with_name("install_browser.sh")
@@ -95,9 +95,9 @@ def test_every_stage_ran_end_to_end_on_the_tiny_config(report):
 def _expected_views(work: Path) -> set[str]:
     """The report view of every figure (PDF -> PNG) and table (CSV -> HTML) the run wrote to figures/."""
     suffix = {".pdf": ".png", ".csv": ".html"}
-    figures = [p for p in (work / "figures").iterdir() if p.suffix in suffix]
-    assert len(figures) >= 25, sorted(p.name for p in figures)
-    return {p.stem + suffix[p.suffix] for p in figures}
+    drawn = [p for p in (work / "figures").iterdir() if p.suffix in suffix]
+    assert len(drawn) >= 25, sorted(p.name for p in drawn)
+    return {p.stem + suffix[p.suffix] for p in drawn}
 
 
 def _not_blank(png: bytes) -> float:
@@ -130,7 +130,7 @@ def test_the_report_lists_every_figure_and_table_in_its_category_and_renders_eac
         _until(lambda: browser.find_element("tag name", "body").text, lambda text: "Results" in text)
         browser.execute_script("app.showCategory(arguments[0])", category)
         # each item listed by its title (the registry's), not by its file path
-        titles = [stages.figure(Path(n).stem).title for n, (_, c) in by_name.items() if c == category]
+        titles = [figures.figure(Path(n).stem).title for n, (_, c) in by_name.items() if c == category]
         listed_all = lambda text, titles=titles: all(t in text for t in titles)  # noqa: E731
         text = _until(lambda: browser.find_element("tag name", "body").text, listed_all)
         missing = [t for t in titles if t not in text]
@@ -192,7 +192,7 @@ def test_every_figures_caption_names_only_what_the_figure_shows(report):
     """The registry's caption against the figure's own titles, labels, legend, ticks and annotations (the sidecar
     each figure rule writes beside its report view): the formats it names and the log axes it claims."""
     problems = {}
-    for item in (f for f in stages.FIGURES if f.kind == "pdf"):
+    for item in (f for f in figures.FIGURES if f.kind == "pdf"):
         labels = json.loads((report / "results" / "report" / f"{item.name}.labels.json").read_text())
         if found := _caption_disagreements(item.caption, labels):
             problems[item.name] = found
@@ -247,7 +247,7 @@ def test_every_notebook_runs_all_with_its_defaults_against_the_pipelines_results
     printed = "".join(o.get("text", "") for o in first.get("outputs", []) if o.get("output_type") == "stream")
     assert "Reading the pipeline's results" in printed, printed
     source = "\n".join(c.source for c in nb.cells)
-    drawn = [f.file for f in stages.FIGURES if f"figures/{f.file}" in source]
+    drawn = [f.file for f in figures.FIGURES if f"figures/{f.file}" in source]
     assert drawn, f"{notebook.name} names no figure of the registry"
     stale = [name for name in drawn if (checkout / "figures" / name).stat().st_mtime < started]
     assert not stale, f"{notebook.name} did not redraw {stale}"
@@ -279,5 +279,5 @@ def test_the_readmes_one_figure_rebuild_and_its_report_work_as_written(checkout)
     assert result.returncode == 0, f"{' '.join(report_command)}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
     html = (work / "report.html").read_text(errors="replace")
     assert "range_headroom.png" in html
-    caption = stages.figure("range_headroom").caption.split("{{")[0].strip()
+    caption = figures.figure("range_headroom").caption.split("{{")[0].strip()
     assert caption[:60] in html, "the one-figure report lacks the figure's caption"

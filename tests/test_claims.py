@@ -105,9 +105,9 @@ def test_the_periodic_reference_claim_is_an_equivalence_within_the_papers_headli
 
 
 def test_each_claim_states_a_direction_and_an_experiment_the_registry_knows():
-    from ue5m3 import stages
+    from ue5m3 import figures
 
-    files = {f.file for f in stages.FIGURES}
+    files = {f.file for f in figures.FIGURES}
     for claim in claims.CLAIMS:
         assert claim.experiment in files, claim.key
         assert isinstance(claim.direction, Direction) and claim.paper_section

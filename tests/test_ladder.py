@@ -1,6 +1,5 @@
-"""The scale ladder (ue5m3.experiments.ladder): exact paired-t power against textbook sample sizes, scipy's noncentral
-t and a simulation; the paired spread and its scaling by hand; the rung configs loaded whole by the pipeline check and
-costed by the plan's estimate; the docs' table is what the module renders."""
+"""The scale ladder (ue5m3.experiments.ladder, ladder_docs): the paired spread and its scaling by hand; the rung configs
+loaded whole by the pipeline check and costed by the plan's estimate; the docs' table is what the module renders."""
 
 from __future__ import annotations
 
@@ -13,70 +12,9 @@ import pytest
 
 from ue5m3 import config
 from ue5m3.cli import rungs
-from ue5m3.evaluation.nll import t_quantile
-from ue5m3.experiments import ladder
+from ue5m3.experiments import ladder, ladder_docs, power
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.mark.parametrize(("d", "n", "power"), [(0.2, 199, 0.8016910), (0.5, 34, 0.8077775), (0.8, 15, 0.8213105),
-                                               (1.0, 10, 0.8030969)])  # fmt: skip
-def test_seeds_needed_are_the_textbook_paired_t_sample_sizes(d, n, power):
-    """G*Power's paired t-test, two-tailed, alpha 0.05, power 0.80 (standardised effect d = mean / sd): n and the
-    actual power it prints."""
-    assert ladder.seeds_needed(d, 1.0) == n
-    assert ladder.seeds_needed(-d * 0.01, 0.01) == n  # only the ratio and not the sign matters
-    assert ladder.paired_power(n, d, 1.0) == pytest.approx(power, abs=2e-6)
-    assert ladder.paired_power(n - 1, d, 1.0) < 0.8
-
-
-@pytest.mark.parametrize("n", [2, 3, 5, 12, 60, 400])
-def test_power_at_no_effect_is_alpha(n):
-    """At a zero effect the test rejects with probability alpha, by the definition of the t quantile."""
-    assert ladder.paired_power(n, 0.0, 1.0) == pytest.approx(0.05, abs=1e-5)
-    assert ladder.paired_power(n, 0.0, 1.0, alpha=0.2) == pytest.approx(0.2, abs=1e-5)
-
-
-def test_power_matches_scipys_noncentral_t():
-    stats = pytest.importorskip("scipy.stats")
-    for n in (2, 3, 4, 7, 20, 150, 3000):
-        for d in (0.05, 0.3, 1.0, 2.5):
-            c = stats.t.ppf(0.975, n - 1)
-            nc = d * math.sqrt(n)
-            exact = stats.nct.sf(c, n - 1, nc) + stats.nct.cdf(-c, n - 1, nc)
-            assert ladder.paired_power(n, d, 1.0) == pytest.approx(exact, abs=2e-6), (n, d)
-
-
-def test_equivalence_power_matches_a_simulation():
-    """The share of simulated seed sets whose 95% t interval lies inside the margin."""
-    rng = np.random.default_rng(7)
-    for n, effect, sd, margin in ((4, 0.0, 1.0, 2.0), (10, 0.2, 1.0, 0.8), (6, 0.01, 0.02, 0.03)):
-        draws = rng.normal(effect, sd, size=(200_000, n))
-        mean, s = draws.mean(axis=1), draws.std(axis=1, ddof=1)
-        half = t_quantile(0.975, n - 1) * s / math.sqrt(n)
-        share = float(np.mean((mean - half >= -margin) & (mean + half <= margin)))
-        assert ladder.equivalence_power(n, effect, sd, margin) == pytest.approx(share, abs=4e-3)
-
-
-def test_equivalence_seeds_grow_as_the_margin_shrinks_and_refusals():
-    wide, narrow = ladder.seeds_needed(0.0, 1.0, margin=2.0), ladder.seeds_needed(0.0, 1.0, margin=0.5)
-    assert 2 <= wide < narrow
-    assert ladder.equivalence_power(narrow, 0.0, 1.0, 0.5) >= 0.8 > ladder.equivalence_power(narrow - 1, 0.0, 1.0, 0.5)
-    assert ladder.seeds_needed(1e-6, 1.0, most=1000) is None
-    for bad in (
-        lambda: ladder.paired_power(1, 1, 1),
-        lambda: ladder.paired_power(3, 1, 0),
-        lambda: ladder.seeds_needed(0, 1),
-    ):
-        with pytest.raises(ValueError):
-            bad()
-
-
-@pytest.mark.parametrize(("n", "sd"), [(2, 1.0), (3, 0.13), (10, 0.05), (80, 0.1276)])
-def test_detectable_effect_is_the_inverse_of_seeds_needed(n, sd):
-    effect = ladder.detectable_effect(n, sd)
-    assert ladder.paired_power(n, effect, sd) == pytest.approx(0.8, abs=1e-6)
-    assert ladder.seeds_needed(effect * 1.001, sd) <= n < ladder.seeds_needed(effect * 0.99, sd)
 
 
 def test_at_the_measured_scale_the_spread_is_held_never_shrunk():
@@ -100,9 +38,9 @@ def test_at_the_measured_scale_the_spread_is_held_never_shrunk():
     cpu, gpu = ladder.RUNGS[0], ladder.RUNGS[1]
     at_cpu, at_gpu = ladder.decisions(sizing, summary(cpu), Cfg), ladder.decisions(sizing, summary(gpu), Cfg)
     assert at_cpu["sd_shrunk"] == at_cpu["sd_held"] == pytest.approx(math.hypot(spread.trajectory_sd, 0.01 / 5**0.5))
-    assert at_cpu["held"] == ladder.seeds_needed(-0.02, at_cpu["sd_held"])  # the CPU rung: the measured effect
+    assert at_cpu["held"] == power.seeds_needed(-0.02, at_cpu["sd_held"])  # the CPU rung: the measured effect
     assert at_gpu["sd_shrunk"] == pytest.approx(0.1 / 5**0.5)  # a GPU rung: shrunk with the window's tokens
-    assert at_gpu["held"] == ladder.seeds_needed(-0.0384, at_gpu["sd_held"])  # and sized for the paper's effect
+    assert at_gpu["held"] == power.seeds_needed(-0.0384, at_gpu["sd_held"])  # and sized for the paper's effect
 
 
 def _curves(effects, noise, points=10, steps_every=5):
@@ -206,7 +144,7 @@ def test_the_rung_configs_load_whole_and_their_gpu_jobs_pass_the_plans_settings(
 def test_the_docs_hold_the_rendered_ladder():
     """docs/experiments.md's ladder section is what ``ue5m3 ladder`` renders now."""
     doc = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
-    section = doc.split(ladder.BEGIN, 1)[1].split(ladder.END, 1)[0]
+    section = doc.split(ladder_docs.BEGIN, 1)[1].split(ladder_docs.END, 1)[0]
     text = rungs.render()
     assert section == "\n" + text
     assert "| rung |" in text and "no_rht_with_ue5m3" in text
@@ -220,6 +158,6 @@ def test_the_ladder_verb_prints_the_section_and_writes_it_between_the_markers(tm
     printed = capsys.readouterr().out
     assert "| rung |" in printed and "no_rht_with_ue5m3" in printed
     doc = tmp_path / "doc.md"
-    doc.write_text(f"# head\n\n{ladder.BEGIN}\nstale\n{ladder.END}\n\ntail\n", encoding="utf-8")
+    doc.write_text(f"# head\n\n{ladder_docs.BEGIN}\nstale\n{ladder_docs.END}\n\ntail\n", encoding="utf-8")
     assert cli.main(["ladder", "--write", str(doc)]) == 0
-    assert doc.read_text(encoding="utf-8") == f"# head\n\n{ladder.BEGIN}\n{printed}{ladder.END}\n\ntail\n"
+    assert doc.read_text(encoding="utf-8") == f"# head\n\n{ladder_docs.BEGIN}\n{printed}{ladder_docs.END}\n\ntail\n"

@@ -203,9 +203,9 @@ def test_notebook_markdown_says_what_each_output_shows_against_the_paper(script)
 
 
 def test_figures_readme_shows_the_registrys_figures_table():
-    from ue5m3 import stages
+    from ue5m3 import figures
 
-    assert stages.figures_table() in (ROOT / "figures" / "README.md").read_text()
+    assert figures.figures_table() in (ROOT / "figures" / "README.md").read_text()
 
 
 # --- environments -------------------------------------------------------------------------------------
@@ -294,15 +294,15 @@ def test_range_pipeline_runs_and_its_figures_are_byte_stable(tmp_path):
     if reason:
         pytest.skip(reason)
     shutil.copytree(ROOT / "config", tmp_path / "config")
-    figures = ["range_codebooks.pdf", "range_headroom.pdf", "range_worked_example.pdf"]
-    targets = [f"figures/{name}" for name in figures]
+    pdfs = ["range_codebooks.pdf", "range_headroom.pdf", "range_worked_example.pdf"]
+    targets = [f"figures/{name}" for name in pdfs]
     run = ("--cores", "2", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path), *targets)
     _snakemake(*run, timeout=600)
-    first = {name: (tmp_path / "figures" / name).read_bytes() for name in figures}
+    first = {name: (tmp_path / "figures" / name).read_bytes() for name in pdfs}
     assert (tmp_path / "results" / "range_analysis" / "provenance.json").is_file()
     assert (tmp_path / "logs" / "notebooks" / "range_analysis.ipynb").is_file()
     _snakemake(*run, "--forcerun", "range_figures", timeout=600)
-    assert {name: (tmp_path / "figures" / name).read_bytes() for name in figures} == first
+    assert {name: (tmp_path / "figures" / name).read_bytes() for name in pdfs} == first
 
 
 # The whole DAG on the tiny .test/config.yaml, end to end, runs in the system tests (system_tests/test_report.py,

@@ -1,5 +1,6 @@
-"""The registry of stages and figures (ue5m3.stages) and what is generated from it: the README's stage table, the
-rule files' paper sections, the rules' figure outputs, the producers of results named to a notebook run by hand."""
+"""The registries of stages and figures (ue5m3.stages, ue5m3.figures) and what is generated from them: the README's
+stage table, the rule files' paper sections, the rules' figure outputs, the producers of results named to a notebook
+run by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ue5m3 import stages
+from ue5m3 import figures, stages
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "workflow" / "rules"
@@ -28,12 +29,12 @@ RULE_FILES = {
 
 
 def test_names_are_unique_and_every_figure_belongs_to_a_stage():
-    names = [f.name for f in stages.FIGURES]
+    names = [f.name for f in figures.FIGURES]
     assert len(names) == len(set(names)) >= 30
     names = {s.name for s in stages.STAGES}
-    assert {f.stage for f in stages.FIGURES} == names
-    for rule in stages.figure_rules():
-        keys = [f.key for f in stages.figures_of(rule)]
+    assert {f.stage for f in figures.FIGURES} == names
+    for rule in figures.figure_rules():
+        keys = [f.key for f in figures.figures_of(rule)]
         assert len(keys) == len(set(keys)), rule
     assert sorted(s.order for s in stages.STAGES) == list(range(len(stages.STAGES)))
     assert set().union(*RULE_FILES.values()) == names
@@ -41,7 +42,7 @@ def test_names_are_unique_and_every_figure_belongs_to_a_stage():
 
 def test_every_figure_rule_exists_and_takes_its_outputs_from_the_registry():
     text = {p.name: p.read_text() for p in RULES.glob("*.smk")}
-    for rule in stages.figure_rules():
+    for rule in figures.figure_rules():
         home = [name for name, body in text.items() if re.search(rf"^rule {rule}:", body, re.M)]
         assert len(home) == 1, rule
         block = text[home[0]].split(f"rule {rule}:", 1)[1].split("\nrule ", 1)[0]
@@ -49,7 +50,7 @@ def test_every_figure_rule_exists_and_takes_its_outputs_from_the_registry():
 
 
 def test_the_readme_shows_the_registrys_stage_table():
-    assert stages.stage_table() in (ROOT / "README.md").read_text()
+    assert figures.stage_table() in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(RULE_FILES))
@@ -61,7 +62,7 @@ def test_each_rule_file_names_the_paper_sections_of_its_stages(name):
 
 def test_an_unknown_name_is_refused_naming_the_known_ones():
     with pytest.raises(KeyError, match="range_headroom"):
-        stages.figure("range_headrom")
+        figures.figure("range_headrom")
     with pytest.raises(KeyError, match="unknown stage"):
         stages.stage("nope")
 
@@ -103,7 +104,7 @@ def test_cited_places_parse_ranges_and_lists():
     assert _cited("section 7.6 (table 10)") == {("section", "7.6"), ("table", "10")}
 
 
-@pytest.mark.parametrize("figure", stages.FIGURES, ids=lambda f: f.name)
+@pytest.mark.parametrize("figure", figures.FIGURES, ids=lambda f: f.name)
 def test_a_caption_cites_only_the_paper_places_of_its_stage(figure):
     """The one stage-to-section table decides where a figure sits in the paper: a caption that names a section,
     appendix or table names one of its stage's (or a subsection of one)."""

@@ -12,7 +12,7 @@ side is drawn (the paper in grey/black hollow markers, ours in colour) so every 
 Every notebook starts with :func:`notebook_setup`: it applies the style and binds the notebook's path
 parameters to the Snakemake rule's inputs and outputs, or resolves their defaults from the repository root
 when the notebook runs by hand. Under Snakemake, a rule's output ``<key>_view`` is the report view of its output
-``<key>`` (:mod:`ue5m3.stages`): :func:`save_figure` and :func:`save_table` write the view beside the
+``<key>`` (:mod:`ue5m3.figures`): :func:`save_figure` and :func:`save_table` write the view beside the
 figure or table (:mod:`ue5m3.report`), in the same job, so a figure rebuilt alone can be reported at once.
 
 Every figure carries a caption (:func:`add_caption`) with the settings it was made with, read from the results'

@@ -5,7 +5,7 @@ shows neither inline: an embedded PDF needs a viewer plugin that headless browse
 as a download. :func:`render` turns a figure PDF into a PNG (its first page, rasterised by PDFium at a fixed
 resolution) and a CSV table into a small self-contained HTML table; the notebook that draws a figure writes its view
 too (:func:`ue5m3.plotting.save_figure`), and the rule marks it with ``report()`` and the figure's caption from
-:mod:`ue5m3.stages`. Both outputs are written atomically and are the same bytes for the same input.
+:mod:`ue5m3.figures`. Both outputs are written atomically and are the same bytes for the same input.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ue5m3.evaluation.inference import InferencePolicy
 from ue5m3.identify.oracles import OracleConfig
 from ue5m3.identify.parity import ParityConfig
 from ue5m3.identify.run import WitnessConfig
-from ue5m3 import stages
+from ue5m3 import figures, stages
 from ue5m3.pipeline import jobs
 from ue5m3.data import hub
 from ue5m3.plan import run as plan_stage
@@ -147,13 +147,13 @@ def environment(kind):
     return of
 
 
-# ----- figures and their report views (ue5m3.stages) ----------------------------------------
+# ----- figures and their report views (ue5m3.figures) ----------------------------------------
 
 
 def caption_file(name):
     """The report caption of one figure, written from its registry entry (a Jinja template) into .snakemake/."""
     path = Path(".snakemake", "ue5m3-captions", f"{name}.rst").resolve()  # the working directory's
-    text = f"{stages.figure(name).caption}\n"
+    text = f"{figures.figure(name).caption}\n"
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -164,7 +164,7 @@ def figure_outputs(rule):
     """A notebook rule's outputs: each figure or table of the registry it draws, and that item's report view
     (`<key>_view`, written by the same job, so `snakemake --report report.html <figure>` holds it)."""
     outputs = {}
-    for item in stages.figures_of(rule):
+    for item in figures.figures_of(rule):
         outputs[item.key] = figure_path(item.file)
         outputs[f"{item.key}_view"] = report(
             result_path("report", item.view),
@@ -192,12 +192,12 @@ def report_front_page():
 
 def all_figures():
     """Every figure and table of the registry: the inputs of `rule all`."""
-    return [figure_path(item.file) for item in stages.FIGURES]
+    return [figure_path(item.file) for item in figures.FIGURES]
 
 
 def report_views():
     """Every figure's report view."""
-    return [result_path("report", item.view) for item in stages.FIGURES]
+    return [result_path("report", item.view) for item in figures.FIGURES]
 
 
 # ----- data --------------------------------------------------------------------------------------------

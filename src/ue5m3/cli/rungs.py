@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ue5m3 import config, models, pipeline
-from ue5m3.experiments import ladder
+from ue5m3.experiments import ladder, ladder_docs
 from ue5m3.pipeline import jobs
 from ue5m3.plan import cost
 from ue5m3.plan.gpus import gpu_type
@@ -107,7 +107,7 @@ def render(
     for rung in rungs:
         cfg = rung_config(rung, root)
         loaded.append((summarize_rung(rung, cfg), cfg))
-    return ladder.tables(sizings, loaded)
+    return ladder_docs.tables(sizings, loaded)
 
 
 def write(path: str | Path | None, curves: str | Path | None = None, **window: int) -> str:
@@ -117,5 +117,5 @@ def write(path: str | Path | None, curves: str | Path | None = None, **window: i
     frame = pd.read_csv(curves) if curves else None
     text = render(frame, **window)
     if path is not None:
-        ladder.write_section(path, text)
+        ladder_docs.write_section(path, text)
     return text

@@ -7,10 +7,8 @@ at alpha 0.05 needs to find the paper's effect with 80% power, and, per rung of 
 overnight, one GPU for a day, one node of 4 GPUs for a day, the paper's 32 GPUs), which claims its config can decide
 and what its training costs.
 
-* **Power** (:func:`paired_power`, :func:`seeds_needed`): exact, from the noncentral t distribution, integrated here
-  over the sample SD's chi distribution (no approximation beyond the quadrature; tests check it against scipy's
-  ``nct`` and textbook sample sizes). An equivalence claim ("as good as") is decided when the 95% interval lies
-  inside its margin; its power is computed the same way (:func:`equivalence_power`).
+* **Power** (:mod:`ue5m3.experiments.power`): exact, from the noncentral t distribution; an equivalence claim ("as
+  good as") is decided when the 95% interval lies inside its margin.
 * **Spread** (:func:`spread_from_curves`): the SD over seeds of the per-seed paired difference of final-window mean
   losses, from real runs (the CPU DAG's: :data:`CPU_WINDOWS` ships the final windows of the runs measured for
   docs/experiments.md), split into the part the window's own noise explains (the scatter of the per-step paired
@@ -33,16 +31,16 @@ and what its training costs.
   ``config/config.yaml`` as Snakemake merges ``--configfile`` (:func:`rung_data`).
 
 ``ue5m3 ladder --write docs/experiments.md`` (from the checkout's root) regenerates the tables of docs/experiments.md
-(between its ``ladder`` markers); ``--curves results/train/summary/main/curves.csv`` takes the spread from other runs
-(e.g. the CPU rung's own) instead of :data:`CPU_WINDOWS`.
+(between its ``ladder`` markers; :mod:`ue5m3.experiments.ladder_docs` renders them); ``--curves
+results/train/summary/main/curves.csv`` takes the spread from other runs (e.g. the CPU rung's own) instead of
+:data:`CPU_WINDOWS`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +48,11 @@ import numpy as np
 import pandas as pd
 
 from ue5m3 import config, reference
-from ue5m3.evaluation.nll import t_quantile
 from ue5m3.experiments.claims import CLAIMS, Claim
 from ue5m3.experiments.comparisons.common import reference_by_recipe
+from ue5m3.experiments.power import seeds_needed
 
 __all__ = [
-    "paired_power",
-    "equivalence_power",
-    "seeds_needed",
-    "detectable_effect",
     "Spread",
     "spread_from_curves",
     "paper_window_sd",
@@ -72,10 +66,6 @@ __all__ = [
     "claim_sizings",
     "decisions",
     "effect_for",
-    "ladder_table",
-    "power_table",
-    "tables",
-    "write_section",
     "CPU_WINDOWS",
     "CPU_DAG_SECONDS_PER_RUN",
 ]
@@ -95,151 +85,6 @@ its 128 jobs (10 main and 4 control runs of 150 steps, their NLL, downstream, sn
 
 CPU_TOKENS_PER_POINT = 8 * 128
 """Tokens behind one logged loss of the CPU runs: one step of 8 sequences of 128 tokens."""
-
-ALPHA = 0.05
-POWER = 0.8
-LEVEL = 1 - ALPHA
-
-
-# -- power -------------------------------------------------------------------------------------------------------
-
-
-@cache
-def _chi_nodes(df: int, intervals: int = 2000) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes s and Simpson weights times the density of S = sqrt(V / df), V ~ chi-square(df)."""
-    width = math.sqrt(1 / (2 * df))  # S's standard deviation, roughly
-    low, high = max(0.0, 1 - 16 * width), 1 + 16 * width * (3 if df < 4 else 1)
-    s = np.linspace(low, high, intervals + 1)
-    with np.errstate(divide="ignore"):
-        log_density = (
-            math.log(2)
-            + df / 2 * math.log(df)
-            + (df - 1) * (np.log(s) if df > 1 else 0.0)  # S = |Z| for one degree of freedom: no power of s
-            - df * s * s / 2
-            - df / 2 * math.log(2)
-            - math.lgamma(df / 2)
-        )
-    density = np.exp(log_density)
-    simpson = np.ones(intervals + 1)
-    simpson[1:-1:2], simpson[2:-1:2] = 4, 2
-    return s, simpson * density * (high - low) / intervals / 3
-
-
-def _phi(x: np.ndarray) -> np.ndarray:
-    """The standard normal CDF, elementwise, in double precision."""
-    import torch
-
-    return torch.special.ndtr(torch.from_numpy(np.asarray(x, dtype=np.float64))).numpy()
-
-
-@cache
-def _t(p: float, df: int) -> float:
-    return t_quantile(p, df)
-
-
-def paired_power(n: int, effect: float, sd: float, *, alpha: float = ALPHA) -> float:
-    """The probability that a two-sided paired t-test of ``n`` seeds at level ``alpha`` rejects zero when the true
-    mean difference is ``effect`` and the per-seed differences have standard deviation ``sd`` (exact: the
-    noncentral t with n - 1 degrees of freedom and noncentrality effect / sd * sqrt(n)).
-
-    Raises:
-        ValueError: fewer than 2 seeds, a non-positive sd, or alpha outside (0, 0.5).
-    """
-    _check(n, sd, alpha)
-    df = n - 1
-    c = _t(1 - alpha / 2, df)
-    shift = abs(effect) / sd * math.sqrt(n)
-    s, weights = _chi_nodes(df)
-    return float(np.sum(weights * (_phi(shift - c * s) + _phi(-shift - c * s))))
-
-
-def equivalence_power(n: int, effect: float, sd: float, margin: float, *, alpha: float = ALPHA) -> float:
-    """The probability that the two-sided ``1 - alpha`` t interval of ``n`` paired seeds lies inside
-    ``[-margin, margin]`` (an equivalence claim reproduced, :func:`ue5m3.experiments.paired.judge`) when the true mean
-    difference is ``effect``; exact, over the joint law of the mean and the sample SD.
-
-    Raises:
-        ValueError: as :func:`paired_power`, or a non-positive margin.
-    """
-    _check(n, sd, alpha)
-    if not margin > 0:
-        raise ValueError(f"an equivalence claim needs a positive margin, got {margin!r}")
-    df = n - 1
-    c = _t(1 - alpha / 2, df)
-    se = sd / math.sqrt(n)
-    s, weights = _chi_nodes(df)
-    upper = (margin - effect) / se - c * s
-    lower = (-margin - effect) / se + c * s
-    inside = np.where(upper > lower, _phi(upper) - _phi(lower), 0.0)
-    return float(np.sum(weights * inside))
-
-
-def _check(n: int, sd: float, alpha: float) -> None:
-    if n < 2:
-        raise ValueError(f"a paired t-test needs at least 2 seeds, got {n!r}")
-    if not sd > 0:
-        raise ValueError(f"the differences' standard deviation must be positive, got {sd!r}")
-    if not 0 < alpha < 0.5:
-        raise ValueError(f"alpha must lie in (0, 0.5), got {alpha!r}")
-
-
-def seeds_needed(
-    effect: float,
-    sd: float,
-    *,
-    alpha: float = ALPHA,
-    power: float = POWER,
-    margin: float | None = None,
-    most: int = 1_000_000,
-) -> int | None:
-    """The fewest paired seeds (at least 2) at which a claim of true ``effect`` is decided with probability
-    ``power``: a difference claim (``margin`` None) by the paired t-test, an equivalence claim by its interval
-    inside ``+- margin``; None when more than ``most`` seeds would be needed.
-
-    Raises:
-        ValueError: a zero effect for a difference claim, or as :func:`paired_power`.
-    """
-    if margin is None and effect == 0:
-        raise ValueError("a difference claim of zero effect is never decided; give the effect to find")
-    if not 0.5 < power < 1:
-        raise ValueError(f"power must lie in (0.5, 1), got {power!r}")
-
-    def enough(n: int) -> bool:
-        if margin is None:
-            return paired_power(n, effect, sd, alpha=alpha) >= power
-        return equivalence_power(n, effect, sd, margin, alpha=alpha) >= power
-
-    if enough(2):
-        return 2
-    low, high = 2, 4
-    while not enough(high):  # power grows with n: double, then bisect
-        if high >= most:
-            return None
-        low, high = high, min(2 * high, most)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if enough(mid) else (mid, high)
-    return high
-
-
-def detectable_effect(n: int, sd: float, *, alpha: float = ALPHA, power: float = POWER) -> float:
-    """The smallest true mean difference a two-sided paired t-test of ``n`` seeds at level ``alpha`` finds with
-    probability ``power`` when the differences have standard deviation ``sd`` (the inverse of
-    :func:`seeds_needed` in the effect; bisection to 1e-9 of ``sd``).
-
-    Raises:
-        ValueError: as :func:`paired_power`, or power outside (0.5, 1).
-    """
-    _check(n, sd, alpha)
-    if not 0.5 < power < 1:
-        raise ValueError(f"power must lie in (0.5, 1), got {power!r}")
-    low, high = 0.0, sd
-    while paired_power(n, high, sd, alpha=alpha) < power:
-        low, high = high, 2 * high
-    while high - low > 1e-9 * sd:
-        mid = (low + high) / 2
-        low, high = (low, mid) if paired_power(n, mid, sd, alpha=alpha) >= power else (mid, high)
-    return high
 
 
 # -- spread ------------------------------------------------------------------------------------------------------
@@ -600,167 +445,3 @@ def decisions(sizing: ClaimSizing, summary: RungSummary, cfg: Any) -> dict[str, 
     else:
         word = "no"
     return {"held": held, "shrunk": shrunk, "sd_held": sd_held, "sd_shrunk": sd_shrunk, "decidable": word}
-
-
-# -- tables ------------------------------------------------------------------------------------------------------
-
-
-def _fmt(value: Any, spec: str = "{}") -> str:
-    return "" if value is None else spec.format(value)
-
-
-def _tokens(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
-
-
-def ladder_table(rows: Sequence[tuple[RungSummary, Mapping[str, Mapping[str, Any]]]]) -> str:
-    """The ladder as Markdown: rung, model, tokens, seeds, runs, GPU-hours and the claims each rung decides."""
-    lines = [
-        "| rung | config | model | tokens / run | seeds | runs | GPU-hours (training) | claims decidable |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for summary, decided in rows:
-        yes = [k for k, d in decided.items() if str(d["decidable"]).startswith("yes")]
-        maybe = [k for k, d in decided.items() if d["decidable"] == "if the spread shrinks"]
-        claims = ", ".join(yes) or "none"
-        if maybe:
-            claims += f"; if the spread shrinks: {', '.join(maybe)}"
-        if summary.gpu:
-            per_seed = summary.gpu_hours / len(summary.seeds)
-            hours = f"{summary.gpu_hours:,.0f} on {summary.gpu} ({per_seed:,.0f} per seed)"
-        else:
-            hours = f"0 (about {summary.runs * CPU_DAG_SECONDS_PER_RUN / 3600:.1f} h on 2 CPU cores)"
-        lines.append(
-            f"| {summary.rung.title} | `{summary.rung.configs[-1]}` | {summary.model} ({summary.parameters_m:,.0f}M) "
-            f"| {_tokens(summary.tokens_per_run)} ({summary.steps:,} steps x {_tokens(summary.tokens_per_step)}) "
-            f"| {len(summary.seeds)} | {summary.runs} | {hours} | {claims} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def power_table(sizings: Sequence[ClaimSizing], rows: Sequence[tuple[RungSummary, Mapping[str, Any]]]) -> str:
-    """Per claim: the paper's effect, the CPU spread it is sized by, and the seeds each rung's spread needs (held /
-    shrunk) for 80% power at alpha 0.05."""
-    head = "| claim | paper effect | CPU effect | CPU SD (window, trajectory) | "
-    head += " | ".join(
-        f"seeds at {s.rung.key}{', for the CPU effect' if s.rung.effect == 'measured' else ''} (held / shrunk)"
-        for s, _ in rows
-    )
-    head += " | note |"
-    lines = [head, "|" + "---|" * (5 + len(rows))]
-    for sizing in sizings:
-        sp = sizing.spread
-        cpu = f"{sp.effect:+.4f} ({len(sp.seeds)} seeds)" if sp else ""
-        sd = f"{sp.sd:.4f} ({sp.window_sd:.4f}, {sp.trajectory_sd:.4f})" if sp else ""
-        cells = []
-        for _, decided in rows:
-            d = decided[sizing.claim.key]
-            held, shrunk = d["held"], d["shrunk"]
-            if held is None and shrunk is None:
-                cells.append(str(d["decidable"]))
-            else:
-                cells.append(f"{_fmt(held) or '>10^6'} / {_fmt(shrunk) or '>10^6'}: {d['decidable']}")
-        lines.append(
-            f"| {sizing.claim.key} | {_fmt(sizing.paper_effect, '{:+.4f}')} | {cpu} | {sd} | "
-            + " | ".join(cells)
-            + f" | {sizing.note} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def tables(sizings: Sequence[ClaimSizing], rungs: Sequence[tuple[RungSummary, Any]]) -> str:
-    """The Markdown of docs/experiments.md's ladder section from the claims' sizings and each rung's summary and
-    loaded pipeline config: the ladder table, the per-claim power table and the window part's check against the
-    paper's own data (:func:`ue5m3.cli.rungs.render` loads and costs the rungs)."""
-    rows = [(summary, {s.claim.key: decisions(s, summary, cfg) for s in sizings}) for summary, cfg in rungs]
-    paper_mean, paper_window, paper_tokens = paper_window_sd()
-    measured = [s.spread for s in sizings if s.spread is not None and s.window == "training"]
-    check = ""
-    if measured:
-        sp = measured[0]
-        predicted = sp.window_sd * math.sqrt(sp.window_tokens / paper_tokens)
-        check = (
-            f"\nThe window part at the paper's scale, from its own data: the 350M control's ten logged paired "
-            f"differences (T = 2048 minus T = 448, {_tokens(paper_tokens)} tokens in the window) have a window SD "
-            f"of {paper_window:.5f} (mean {paper_mean:+.5f}); the CPU runs' {sp.treatment} - {sp.baseline} window "
-            f"SD {sp.window_sd:.4f} at {_tokens(sp.window_tokens)} tokens, scaled by the square root of the tokens, "
-            f"predicts {predicted:.5f}: another pair and another model, so only the order of magnitude is "
-            f"compared. {_check_word(paper_window / predicted)}\n"
-        )
-    return ladder_table(rows) + "\n" + power_table(sizings, rows) + _at_measured_scale(sizings, rows) + check
-
-
-def _at_measured_scale(sizings: Sequence[ClaimSizing], rows: Sequence[tuple[RungSummary, Mapping[str, Any]]]) -> str:
-    """What the rungs at the measured runs' scale (the CPU rung) resolve: per claim sized by its own training-loss
-    pair, the smallest effect their seeds find with 80% power against the measured effect and the paper's, and, where
-    the measured effect needs more seeds than the rung has, the runs and time that would take."""
-    lines = []
-    for summary, decided in rows:
-        if summary.rung.effect != "measured" or summary.gpu:
-            continue
-        n = len(summary.seeds)
-        for sizing in sizings:
-            sp = sizing.spread
-            if sp is None or sizing.window != "training" or not sizing.note.startswith("measured"):
-                continue
-            d = decided[sizing.claim.key]
-            if d["sd_held"] is None:
-                continue
-            smallest = detectable_effect(n, d["sd_held"]) if n >= 2 else None
-            text = (
-                f"- {sizing.claim.key}: at the {summary.rung.key} rung ({n} seeds, paired SD {d['sd_held']:.4f}) the "
-                f"smallest effect found with 80% power is {_fmt(smallest, '{:.4f}') or 'none (one seed)'}; the CPU "
-                f"runs' own effect is {sp.effect:+.4f} and the paper's {_fmt(sizing.paper_effect, '{:+.4f}')}"
-            )
-            held = d["held"]
-            if held is not None and held > n:
-                runs = held * len({sizing.claim.treatment, sizing.claim.baseline})
-                hours = runs * CPU_DAG_SECONDS_PER_RUN / 3600
-                text += (
-                    f". The CPU effect needs {held} paired seeds: {runs} runs of its two recipes alone, about "
-                    f"{hours:.0f} h on 2 CPU cores, past the rung's budget, so the rung cannot decide it at the CPU "
-                    "scale"
-                )
-            elif held is not None:
-                text += f". The CPU effect needs {held} paired seeds: the rung decides it"
-            if sizing.paper_effect is not None and smallest is not None:
-                verb = "would be" if abs(sizing.paper_effect) >= smallest else "would not be"
-                text += f"; a paper-sized gap at this spread {verb} found"
-            lines.append(text + ".")
-    if not lines:
-        return ""
-    return "\nWhat the CPU rung resolves at the CPU runs' own scale:\n\n" + "\n".join(lines) + "\n"
-
-
-def _check_word(ratio: float) -> str:
-    """The window check's verdict: the paper's window SD over the CPU runs' scaled by the square root of the tokens."""
-    if 1 / 3 <= ratio <= 3:
-        return f"They agree within a factor of {max(ratio, 1 / ratio):.1f}."
-    if ratio > 3:
-        return (
-            f"The paper's is {ratio:.0f} times the prediction: at its scale the window part shrinks more slowly than "
-            "the square root of the tokens, so the shrunk numbers of seeds are optimistic even for the window part."
-        )
-    return f"The paper's is {1 / ratio:.0f} times below the prediction: the held numbers are conservative."
-
-
-BEGIN = "<!-- ladder:begin (ue5m3 ladder --write docs/experiments.md) -->"
-END = "<!-- ladder:end -->"
-
-
-def write_section(path: str | Path, text: str) -> None:
-    """Replace what lies between the ladder markers of the Markdown file ``path`` with ``text``.
-
-    Raises:
-        ValueError: the file has no markers.
-    """
-    path = Path(path)
-    doc = path.read_text(encoding="utf-8")
-    if BEGIN not in doc or END not in doc:
-        raise ValueError(f"{path} has no ladder markers ({BEGIN} ... {END})")
-    head, rest = doc.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    path.write_text(f"{head}{BEGIN}\n{text}{END}{tail}", encoding="utf-8")

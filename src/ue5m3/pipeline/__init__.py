@@ -1,5 +1,5 @@
 """The pipeline config and the jobs it starts: the Snakemake workflow's one Python entry point (the stages and
-figures are :mod:`ue5m3.stages`).
+figures are :mod:`ue5m3.stages` and :mod:`ue5m3.figures`).
 
 * :mod:`ue5m3.pipeline.sections`: the config as dataclasses, one section per stage;
 * :mod:`ue5m3.pipeline.check`: :func:`load`, the config loaded and checked as a whole before any job;
