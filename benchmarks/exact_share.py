@@ -7,7 +7,7 @@ One training microbatch (forward and backward, the recipe's own quantizations: i
 tensor references) of the model at init (``--init``, the default without checkpoints) and from each checkpoint
 (``ue5m3.training.checkpoint.load_model_state``), on the CPU. Every FP4 GEMM of every converted linear (fprop
 X @ W^T, dgrad dY @ W, wgrad dY^T @ X) is intercepted with the operands it really gets, and
-:func:`ue5m3.numerics.gemm.probe_paths` counts which of its tile-slices the kernels would send to the exact path
+:func:`ue5m3.numerics.fast_path.probe_paths` counts which of its tile-slices the kernels would send to the exact path
 (the GPU's 128 x 64 output tiles unless ``--tiles``, 64-wide K slices); the GEMM then runs as usual. The tokens
 are drawn uniformly from the vocabulary with a fixed seed (the weights and what they make of any input are what is
 measured).
@@ -37,7 +37,7 @@ def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor, tiles: tuple[i
     from ue5m3 import models
     from ue5m3.layers import matmul
     from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
-    from ue5m3.numerics import gemm
+    from ue5m3.numerics import fast_path
     from ue5m3.numerics.philox import SRState
     from ue5m3.training.loop import loss_fn
 
@@ -50,7 +50,9 @@ def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor, tiles: tuple[i
     def recording(call, a, b, prepared_b=None):
         config = call.policy.gemm
         if config.model.value == "probe_matched":
-            paths = gemm.probe_paths(a[1], b[1], slice_width=config.slice_width, block_m=tiles[0], block_n=tiles[1])
+            paths = fast_path.probe_paths(
+                a[1], b[1], slice_width=config.slice_width, block_m=tiles[0], block_n=tiles[1]
+            )
             rows.append(
                 {
                     "layer": names[id(call.weights)],

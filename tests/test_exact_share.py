@@ -1,5 +1,5 @@
 """benchmarks/exact_share.py on the CPU: every FP4 GEMM of a small model's training microbatch counted once per role,
-with the counts gemm.probe_paths gives for the operands, and the summary's shares weighted by tile-slices."""
+with the counts fast_path.probe_paths gives for the operands, and the summary's shares weighted by tile-slices."""
 
 import pytest
 import torch

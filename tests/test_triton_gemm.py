@@ -12,7 +12,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("these tests run the kernels under TRITON_INTERPRET=1", allow_module_level=True)
 
 from helpers.bits import same_bits  # noqa: E402
-from ue5m3.numerics import gemm  # noqa: E402
+from ue5m3.numerics import fast_path, gemm  # noqa: E402
 from ue5m3.numerics.quantize import quantize  # noqa: E402
 
 pytestmark = pytest.mark.triton
@@ -310,7 +310,7 @@ def test_a_prepared_b_gives_the_same_bits_and_a_mismatched_one_is_refused():
     assert gemm.prepare_operand(b_q, backend="torch") is None and gemm.prepare_operand(b_q, "mma_sim") is None
 
 
-# ----- the fast-path rule restated in torch (gemm.probe_paths), against the kernels' own flags ----------------------
+# ----- the fast-path rule restated in torch (fast_path.probe_paths), against the kernels' own flags -----------------
 
 
 @pytest.mark.parametrize(("scheme", "b_two_d"), [("ue5m3_b16", True), ("nvfp4", False), ("ue5m3_b32", False)])
@@ -329,9 +329,9 @@ def test_probe_paths_are_the_kernels_paths(scheme, b_two_d):
     b_q = quantize(torch.randn(128, 72, generator=g), scheme, axis=0, two_d=b_two_d)
     for tiles in (triton_gemm.INTERPRETER_TILES, triton_gemm.PROBE_TILES[90]):
         _, taken = _paths(a_q, b_q, tiles=tiles)
-        paths = gemm.probe_paths(a_q, b_q, block_m=tiles.block_m, block_n=tiles.block_n)
+        paths = fast_path.probe_paths(a_q, b_q, block_m=tiles.block_m, block_n=tiles.block_n)
         assert paths.shape == taken.shape and torch.equal(paths, taken.bool())
         assert 0 < int(paths.sum()) < paths.numel()
     gpu = triton_gemm.PROBE_TILES[90]
     assert all((t.block_m, t.block_n) == (gpu.block_m, gpu.block_n) for t in triton_gemm.PROBE_TILES.values())
-    assert torch.equal(gemm.probe_paths(a_q, b_q), gemm.probe_paths(a_q, b_q, block_m=128, block_n=64))
+    assert torch.equal(fast_path.probe_paths(a_q, b_q), fast_path.probe_paths(a_q, b_q, block_m=128, block_n=64))

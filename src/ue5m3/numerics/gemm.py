@@ -48,7 +48,8 @@ __all__ = [
     "alpha",
     "matmul",
     "prepare_operand",
-    "probe_paths",
+    "check_operands",
+    "blocked_along_k",
     "fused_step",
     "mma_sim_step",
     "DEFAULT_TILE_ELEMENTS",
@@ -90,7 +91,8 @@ def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor) -> torch.Tensor:
     return (g_a * g_b) / (d_a * d_b)
 
 
-def _check_operands(a_q: QuantizedTensor, b_q: QuantizedTensor) -> tuple[int, int, int, int]:
+def check_operands(a_q: QuantizedTensor, b_q: QuantizedTensor) -> tuple[int, int, int, int]:
+    """(M, K, N, block) of A [M, K] quantized along K and B [K, N] along K or in 2D tiles; ValueError otherwise."""
     if len(a_q.shape) != 2 or len(b_q.shape) != 2:
         raise ValueError(f"matmul needs 2-D operands, got A {tuple(a_q.shape)} and B {tuple(b_q.shape)}")
     (m, k), (k_b, n) = a_q.shape, b_q.shape
@@ -106,7 +108,7 @@ def _check_operands(a_q: QuantizedTensor, b_q: QuantizedTensor) -> tuple[int, in
     return m, k, n, block
 
 
-def _blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def blocked_along_k(q: QuantizedTensor, operand: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(2 * payload) as exact integers in FP32 and per-element scale values, both laid out [rows, K] for A
     or [K, cols] for B; 2D-tiled B is expanded to per-element scales, which covers it too."""
     twice_payload = q.payload * 2  # integers in [-12, 12]
@@ -191,7 +193,7 @@ def _exact_operands(
 ) -> dict[str, torch.Tensor]:
     """Everything the exact probe_matched path reads: integer payloads, per-element scales, FP64 encoded values
     and the per-row/column slice spans (``blocked`` and ``spans`` pass in what the caller already computed)."""
-    a2, sa, b2, sb = blocked or (*_blocked_along_k(a_q, "A", block), *_blocked_along_k(b_q, "B", block))
+    a2, sa, b2, sb = blocked or (*blocked_along_k(a_q, "A", block), *blocked_along_k(b_q, "B", block))
     n = b2.shape[1]
     span_a, span_b = spans or (_span_bits(a_q, "A", block, width, n), _span_bits(b_q, "B", block, width, n))
     return {
@@ -365,8 +367,8 @@ def _probe_kernel(
             alpha=float(alpha),
         )
     huge = largest > 2.0**100  # FP32 encoded values could overflow
-    enc_a = a_q.encoded() if not huge else _encoded_fp64(*_blocked_along_k(a_q, "A", block))
-    enc_b = b_q.encoded() if not huge else _encoded_fp64(*_blocked_along_k(b_q, "B", block))
+    enc_a = a_q.encoded() if not huge else _encoded_fp64(*blocked_along_k(a_q, "A", block))
+    enc_b = b_q.encoded() if not huge else _encoded_fp64(*blocked_along_k(b_q, "B", block))
     return cpu_kernel.probe_gemm(enc_a, enc_b, width=width, rtz=rtz, grid=grid, alpha=float(alpha))
 
 
@@ -485,71 +487,12 @@ def prepare_operand(
     return prepared
 
 
-# The probe_matched kernels' fast-path rule (kernels/triton_gemm.py: FAST_BOUND, MIN_SHIFT/MAX_SHIFT, MAX_DEPTH),
-# restated here so that the share of tile-slices on the exact path can be measured without Triton
-_FAST_BOUND, _SHIFT_RANGE, _MAX_DEPTH, _FAST_MBITS = 2.0**23, (-30, 50), 24, 6
-
-
-def _slice_bounds(twice_payload: torch.Tensor, scale: torch.Tensor, mbits: int, width: int) -> tuple[torch.Tensor, ...]:
-    """Per vector (the rows of [vectors, K]) and K-slice, the preparation pass's two bounds L1 = sum |a'| and
-    M = max |a'| times 2^depth (FP32, inf where the slice is not covered: too deep, a shift out of range)."""
-    vectors, k = twice_payload.shape
-    p = twice_payload.reshape(vectors, k // width, width)
-    s = scale.reshape(vectors, k // width, width).to(torch.float32)
-    nonzero = (p != 0) & (s > 0)
-    exponent = ((s.view(torch.int32) >> 23) & 0xFF) - 127  # floor(log2 s) of normal scales
-    top = torch.where(nonzero, exponent, -1000).amax(-1)
-    top = torch.where(top > -1000, top, 0)
-    depth = torch.where(nonzero, top[..., None] - exponent, 0).amax(-1)
-    factor = mbits - top
-    clamped = factor.clamp(-126, 127)
-    value = torch.where(nonzero, p * (s * torch.ldexp(torch.ones_like(s), clamped[..., None])), 0.0).abs()
-    shift = top - mbits - 1
-    covered = (depth <= _MAX_DEPTH) & (shift >= _SHIFT_RANGE[0]) & (shift <= _SHIFT_RANGE[1]) & (factor == clamped)
-    widen = torch.ldexp(torch.ones_like(top, dtype=torch.float32), depth.clamp(max=_MAX_DEPTH))
-    inf = torch.tensor(float("inf"))
-    l1 = torch.where(covered, value.double().sum(-1).float() * widen, inf)
-    largest = torch.where(covered, value.amax(-1) * widen, inf)
-    return l1, largest
-
-
-def _tile_max(bound: torch.Tensor, tile: int) -> torch.Tensor:
-    """[vectors, slices] -> [tiles, slices]: the largest bound of each tile's vectors (past the end: 0)."""
-    vectors, slices = bound.shape
-    padded = torch.zeros(-(-vectors // tile) * tile, slices, dtype=bound.dtype)
-    padded[:vectors] = bound
-    return padded.reshape(-1, tile, slices).amax(1)
-
-
-def probe_paths(
-    a_q: QuantizedTensor, b_q: QuantizedTensor, *, slice_width: int = 64, block_m: int = 128, block_n: int = 64
-) -> torch.Tensor:
-    """Which tile-slices of A @ B the Triton probe_matched kernels compute on their exact path (True) rather than
-    their fast path: bool [row tiles, column tiles, slices] for output tiles of ``block_m`` x ``block_n`` (the GPU
-    tiles of ``triton_gemm.PROBE_TILES`` by default). The kernels' rule restated in torch on the CPU (no Triton):
-    a tile-slice is fast where L1_A * M_B or M_A * L1_B is below 2^23, the tile's largest row bounds against its
-    largest column bounds. It equals the kernels' ``paths=True`` flags (tests/test_triton_gemm.py) except where
-    a product lies within FP32 rounding of 2^23 (the kernel sums L1 in another order). The bits of the GEMM do
-    not depend on it; its cost does (docs/performance.md)."""
-    _, k, _, block = _check_operands(a_q, b_q)
-    if slice_width % block or k % slice_width:
-        raise ValueError(f"probe_paths needs K ({k}) a multiple of the slice width ({slice_width}) of whole blocks")
-    a2, sa = (t.detach().cpu() for t in _blocked_along_k(a_q, "A", block))
-    b2, sb = (t.detach().cpu() for t in _blocked_along_k(b_q, "B", block))
-    mbits = (a_q.scheme.scale.mantissa_bits, b_q.scheme.scale.mantissa_bits)
-    l1_a, max_a = (_tile_max(t, block_m) for t in _slice_bounds(a2, sa, mbits[0], slice_width))
-    l1_b, max_b = (_tile_max(t, block_n) for t in _slice_bounds(b2.t(), sb.t(), mbits[1], slice_width))
-    bound = _FAST_BOUND if all(0 <= b <= _FAST_MBITS for b in mbits) else 0.0
-    fast = (l1_a[:, None] * max_b[None] < bound) | (max_a[:, None] * l1_b[None] < bound)  # NaN (inf * 0): exact
-    return ~fast
-
-
 def _matmul(
     a_q, b_q, model, slice_width, cross_slice_rounding, final_grid, tile_elements, backend, prepared_b
 ) -> torch.Tensor:
     backend = Backend(backend)
     cross_slice_rounding = Rounding(cross_slice_rounding)
-    m, k, n, block = _check_operands(a_q, b_q)
+    m, k, n, block = check_operands(a_q, b_q)
     if model is OutputModel.DECODED:
         return torch.matmul(a_q.dequantize(), b_q.dequantize())
     scale = alpha(a_q, b_q)
@@ -616,8 +559,8 @@ def _matmul(
                     * scale
                 )
         return out
-    a2, sa = _blocked_along_k(a_q, "A", block)
-    b2, sb = _blocked_along_k(b_q, "B", block)
+    a2, sa = blocked_along_k(a_q, "A", block)
+    b2, sb = blocked_along_k(b_q, "B", block)
     out = torch.empty(m, n, dtype=torch.float32, device=a2.device)
     if model is OutputModel.MMA_SIM:
         rows_per_tile = max(1, tile_elements // max(n * (k // MMA_SIM_SUB_BLOCK), 1))
