@@ -512,12 +512,12 @@ def _matmul(
     use_triton = _takes_triton(model, backend, a_q)
     rtz = cross_slice_rounding is Rounding.RTZ
     if use_triton:  # complete in-kernel (a fast path where exact, the TwoSum chain elsewhere): no host read
-        from ue5m3.numerics.kernels import triton_gemm
+        from ue5m3.numerics.kernels import triton_gemm, triton_mma_sim
 
         operands = (a_q.payload, a_q.scales, b_q.payload, b_q.scales)
         layout = {"block": block, "column_block": block if b_q.layout.two_d else 1, "alpha": scale}
         if model is OutputModel.MMA_SIM:
-            return triton_gemm.mma_sim_payload(
+            return triton_mma_sim.mma_sim_payload(
                 *operands,
                 min_exponent_a=a_q.scheme.scale.min_exponent,
                 min_exponent_b=b_q.scheme.scale.min_exponent,

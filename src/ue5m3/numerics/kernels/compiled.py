@@ -54,7 +54,7 @@ _MMA = ("HMMA", "HGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA", "UTCOMMA")
 def shipped_launches(capability: int) -> dict[str, Launch]:
     """The launches the adapters make for the 8B model's shapes (8,192 tokens, 4096 features), by case name, with
     ``capability``'s tiles: described on ``meta`` (nothing runs)."""
-    from ue5m3.numerics.kernels import triton_gemm, triton_pack, triton_quantize
+    from ue5m3.numerics.kernels import triton_gemm, triton_mma_sim, triton_pack, triton_quantize
     from ue5m3.numerics.quantize import AxisQuantization, quantize, quantize_both_axes
 
     tiles = triton_gemm.PROBE_TILES[capability]
@@ -66,15 +66,15 @@ def shipped_launches(capability: int) -> dict[str, Launch]:
 
     meta = {"device": "meta"}
     with planning():
-        original = (triton_gemm.run, triton_quantize.run)
-        triton_gemm.run = triton_quantize.run = recording
+        original = (triton_gemm.run, triton_mma_sim.run, triton_quantize.run)
+        triton_gemm.run = triton_mma_sim.run = triton_quantize.run = recording
         try:
             a, sa = torch.empty(8192, 4096, **meta), torch.empty(8192, 256, **meta)
             b, sb = torch.empty(4096, 4096, **meta), torch.empty(256, 256, **meta)
             kwargs = dict(block=16, column_block=16, width=64, rtz=True, grid=1024, alpha=1.0, tiles=tiles)
             launches, _, _ = triton_gemm.probe_gemm_launches(a, sa, b, sb, **kwargs)
             out.update(zip(("prepare A", "prepare B (2D tiles)", "probe fast", "probe exact"), launches, strict=True))
-            triton_gemm.mma_sim_payload(
+            triton_mma_sim.mma_sim_payload(
                 a, sa, b, sb, block=16, column_block=16, min_exponent_a=-14, min_exponent_b=-14, alpha=1.0
             )
             out["mma_sim"] = recorded.pop()
@@ -104,7 +104,7 @@ def shipped_launches(capability: int) -> dict[str, Launch]:
                 quantize_both_axes(x, scheme, last, first, transposed=True, backend="triton", checks=checks)
                 out[name] = recorded.pop()
         finally:
-            triton_gemm.run, triton_quantize.run = original
+            triton_gemm.run, triton_mma_sim.run, triton_quantize.run = original
         out["pack e2m1"] = triton_pack.pack_launch(torch.empty(8192, 4096, **meta))[1]
         out["unpack e2m1"] = triton_pack.unpack_launch(torch.empty(8192, 2048, dtype=torch.uint8, **meta))[1]
     return out

@@ -18,11 +18,12 @@ Three kernels, with no [slices, M, N] intermediate and no host read:
   encoded units. The kernel holds no FP64 value and nothing of the exact path, so its registers are the fast path's
   alone (``tests/test_triton_compile.py`` checks: no spills, no FP64, tensor-core MMAs). A tile with an exact
   slice is flagged and left to the next kernel.
-* ``_probe_exact_kernel``, over the flagged tiles only (in sub-tiles small enough for its FP64 state to stay in
-  registers; every other program returns at once): each slice the bounds cover by the same dot, each other slice
-  by each block's payload dot on the tensor cores (exact: a block sum stays below 2^13 quarters), both block scales
-  applied in FP64 (at most 20 significant bits) and the block terms summed by a TwoSum chain, exactly as
-  ``exact.twosum_chain_to_fp32``, then rounded once to FP32 (RNE).
+* ``_probe_exact_kernel`` (in :mod:`ue5m3.numerics.kernels.triton_probe_exact`; the building blocks both kernels
+  share are in :mod:`ue5m3.numerics.kernels.triton_probe_parts`), over the flagged tiles only (in sub-tiles small
+  enough for its FP64 state to stay in registers; every other program returns at once): each slice the bounds cover
+  by the same dot, each other slice by each block's payload dot on the tensor cores (exact: a block sum stays below
+  2^13 quarters), both block scales applied in FP64 (at most 20 significant bits) and the block terms summed by a
+  TwoSum chain, exactly as ``exact.twosum_chain_to_fp32``, then rounded once to FP32 (RNE).
 
 In both, the slice sum joins the accumulator in K order with a round-toward-zero FP32 addition (the hardware's
 ``add.rz.f32`` on NVIDIA GPUs; TwoSum and a one-ulp step toward zero elsewhere, the same IEEE result) or an RNE one,
@@ -47,6 +48,8 @@ import triton.language as tl
 
 from ue5m3.numerics.kernels.launch import Launch, check_triton_version, hardware_rtz, run
 from ue5m3.numerics.kernels.launch import triton_device_reason as usable
+from ue5m3.numerics.kernels.triton_probe_exact import _probe_exact_kernel
+from ue5m3.numerics.kernels.triton_probe_parts import accumulate, fast_slice, offsets, pow2, store_output, tile_of
 
 check_triton_version(triton.__version__)  # refused at import: a Triton the kernels are not tested with
 
@@ -58,7 +61,6 @@ __all__ = [
     "ProbeTiles",
     "PROBE_TILES",
     "probe_tiles",
-    "mma_sim_payload",
     "usable",
     "FAST_BOUND",
     "MAX_SHIFT",
@@ -109,104 +111,6 @@ def probe_tiles(device: torch.device) -> ProbeTiles:
 
 
 @triton.jit
-def _pow2(k):
-    """2^k for integer k in [-126, 127] as FP32, from its exponent bits (exact)."""
-    return ((k + 127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _offsets(r, c, stride_r, stride_c, INDEX64: tl.constexpr):
-    """Offsets of the [len(r), len(c)] block at rows r, columns c: 32-bit unless INDEX64 (the launch checks that
-    every offset a 32-bit kernel forms fits)."""
-    if INDEX64:
-        return r[:, None].to(tl.int64) * stride_r + c[None, :].to(tl.int64) * stride_c
-    else:
-        return r[:, None] * stride_r + c[None, :] * stride_c
-
-
-@triton.jit
-def _add_rtz(a, b):
-    """FP32 a + b rounded toward zero: the RNE sum, stepped one ulp toward zero where its exact error says it
-    overshot (the error's sign differs from the sum's)."""
-    s = a + b
-    bb = s - a
-    err = (a - (s - bb)) + (b - bb)
-    opposite = (err.to(tl.int32, bitcast=True) ^ s.to(tl.int32, bitcast=True)) < 0
-    stepped = (s.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
-    return tl.where((err != 0.0) & opposite, stepped, s)
-
-
-@triton.jit
-def _add_rtz_hardware(a, b):
-    """The same IEEE operation as one PTX instruction (NVIDIA only: the interpreter runs no inline assembly)."""
-    return tl.inline_asm_elementwise("add.rz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _accumulate(acc, p, RTZ: tl.constexpr, HARDWARE_RTZ: tl.constexpr):
-    """acc + p in FP32, rounded toward zero (RTZ) or to nearest."""
-    if RTZ:
-        if HARDWARE_RTZ:
-            out = _add_rtz_hardware(acc, p)
-        else:
-            out = _add_rtz(acc, p)
-    else:
-        out = acc + p
-    return out
-
-
-@triton.jit
-def _store_output(c_ptr, acc, rows, cols, m, n, alpha_ptr, grid, SNAP: tl.constexpr, INDEX64: tl.constexpr):
-    """The 1/grid snap of the encoded accumulator (torch.round(acc * grid) / grid: half to even in the floor form,
-    exact for every FP32; zero keeps y's sign), times alpha, stored at (rows, cols) of C [m, n]."""
-    if SNAP:
-        y = acc * grid
-        lower = tl.floor(y)
-        delta = y - lower
-        odd = (lower - 2.0 * tl.floor(lower * 0.5)) == 1.0
-        up = (delta > 0.5) | ((delta == 0.5) & odd)
-        r = lower + up.to(tl.float32)
-        r = tl.where(r == 0.0, y * 0.0, r)  # -0.3 rounds to -0.0 as torch.round does
-        acc = tl.math.div_rn(r, tl.full(acc.shape, grid, tl.float32))  # exact: a power of 2
-    out = acc * tl.load(alpha_ptr)
-    tl.store(c_ptr + _offsets(rows, cols, n, 1, INDEX64), out, mask=(rows < m)[:, None] & (cols < n)[None, :])
-
-
-@triton.jit
-def _fast_slice(
-    a16_ptr, b16_ptr, shift_a_ptr, shift_b_ptr, rows, cols, m, n, k, j, WIDTH: tl.constexpr, INDEX64: tl.constexpr
-):
-    """Slice j's exact sums at (rows, cols) from the prepared operands: one FP16 tensor-core dot (exact by the
-    bounds), returned to encoded units by two power-of-two multiplications."""
-    kk = j * WIDTH + tl.arange(0, WIDTH)
-    row_ok, col_ok = rows < m, cols < n
-    a16 = tl.load(a16_ptr + _offsets(rows, kk, k, 1, INDEX64), mask=row_ok[:, None], other=0.0)
-    b16 = tl.load(b16_ptr + _offsets(kk, cols, n, 1, INDEX64), mask=col_ok[None, :], other=0.0)
-    exact = tl.dot(a16, b16, out_dtype=tl.float32)  # every partial sum exact (the bounds)
-    shift_a = tl.load(shift_a_ptr + rows * (k // WIDTH) + j, mask=row_ok, other=0)
-    shift_b = tl.load(shift_b_ptr + j * n + cols, mask=col_ok, other=0)
-    return (exact * _pow2(shift_a)[:, None]) * _pow2(shift_b)[None, :]  # exact: powers of two, normal range
-
-
-@triton.jit
-def _two_sum(a, b):
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
-@triton.jit
-def _round_fp64_to_fp32_exact(hi, lo):
-    """RNE to FP32 of the exact hi + lo (a normalised double-double): round to odd on 53 bits first (step hi one
-    ulp toward lo where lo != 0 and hi's last bit is even), then the FP64 -> FP32 conversion (as ``exact.py``)."""
-    bits = hi.to(tl.int64, bitcast=True)
-    even = (bits & 1) == 0
-    magnitude_up = (lo > 0) == (hi > 0)  # stepping toward lo grows |hi| iff they share a sign
-    stepped = tl.where(magnitude_up, bits + 1, bits - 1).to(tl.float64, bitcast=True)
-    return tl.where((lo != 0) & even, stepped, hi).to(tl.float32)
-
-
-@triton.jit
 def _prepare_kernel(
     payload_ptr,
     scale_ptr,
@@ -247,8 +151,8 @@ def _prepare_kernel(
         vectors = tile * VECTORS + c * CHUNK + tl.arange(0, CHUNK)
         row_ok = vectors < n_vectors
         ok = row_ok[:, None]
-        payload = tl.load(payload_ptr + _offsets(vectors, kk, stride_vector, stride_k, INDEX64), mask=ok, other=0.0)
-        scale_at = _offsets(vectors // scale_vector_block, kk // BLOCK, scale_stride_vector, scale_stride_k, INDEX64)
+        payload = tl.load(payload_ptr + offsets(vectors, kk, stride_vector, stride_k, INDEX64), mask=ok, other=0.0)
+        scale_at = offsets(vectors // scale_vector_block, kk // BLOCK, scale_stride_vector, scale_stride_k, INDEX64)
         scale = tl.load(scale_ptr + scale_at, mask=ok, other=0.0)
         nonzero = (payload != 0.0) & (scale > 0.0)
         exponent = ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 s); <= -127 for tiny scales
@@ -259,13 +163,13 @@ def _prepare_kernel(
         clamped = tl.minimum(tl.maximum(factor, -126), 127)
         # 2 * payload * scale * 2^(MB - F): an integer of at most 8 bits times 2^-d, exact in FP32 and, for d <= 24,
         # in FP16
-        value = tl.where(nonzero, (payload * 2.0) * (scale * _pow2(clamped)[:, None]), 0.0)
+        value = tl.where(nonzero, (payload * 2.0) * (scale * pow2(clamped)[:, None]), 0.0)
         shift = top - MBITS - 1
         covered = (depth <= DEPTH_LIMIT) & (shift >= SHIFT_LOW) & (shift <= SHIFT_HIGH) & (factor == clamped)
-        widen = _pow2(tl.minimum(depth, DEPTH_LIMIT))
+        widen = pow2(tl.minimum(depth, DEPTH_LIMIT))
         l1 = tl.where(covered, tl.sum(tl.abs(value), axis=1) * widen, float("inf"))
         largest = tl.where(covered, tl.max(tl.abs(value), axis=1) * widen, float("inf"))
-        out_at = _offsets(vectors, kk, out_stride_vector, out_stride_k, INDEX64)
+        out_at = offsets(vectors, kk, out_stride_vector, out_stride_k, INDEX64)
         tl.store(out_ptr + out_at, value.to(tl.float16), mask=ok)
         tl.store(shift_ptr + vectors * stat_stride_vector + j * stat_stride_slice, shift, mask=row_ok)
         tile_l1 = tl.maximum(tile_l1, tl.max(tl.where(row_ok, l1, 0.0)))
@@ -273,17 +177,6 @@ def _prepare_kernel(
     at = tile * tile_stride_tile + j * tile_stride_slice
     tl.store(l1_ptr + at, tile_l1)
     tl.store(max_ptr + at, tile_max)
-
-
-@triton.jit
-def _tile_of(pid, m, n, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of program ``pid`` in grouped order: GROUP_M row tiles sweep the column tiles
-    together, so each column tile of B is read from L2 by the group."""
-    tiles_m, tiles_n = tl.cdiv(m, BM), tl.cdiv(n, BN)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
 
 
 @triton.jit
@@ -316,7 +209,7 @@ def _probe_fast_kernel(
 ):
     """One output tile: its path per slice (``taken``, 1 = exact; ``flagged`` if any slice is exact), and, when every
     slice is fast, the tile itself."""
-    tile_m, tile_n = _tile_of(tl.program_id(0), m, n, BM, BN, GROUP_M)
+    tile_m, tile_n = tile_of(tl.program_id(0), m, n, BM, BN, GROUP_M)
     tiles_n = tl.cdiv(n, BN)
     slices = k // WIDTH
     tile = tile_m * tiles_n + tile_n
@@ -335,138 +228,9 @@ def _probe_fast_kernel(
         cols = tile_n * BN + tl.arange(0, BN)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for j in range(0, slices):
-            p = _fast_slice(a16_ptr, b16_ptr, shift_a_ptr, shift_b_ptr, rows, cols, m, n, k, j, WIDTH, INDEX64)
-            acc = _accumulate(acc, p, RTZ, HARDWARE_RTZ)
-        _store_output(c_ptr, acc, rows, cols, m, n, alpha_ptr, grid, SNAP, INDEX64)
-
-
-@triton.jit
-def _exact_slice_sum(
-    pa_ptr,
-    sa_ptr,
-    pb_ptr,
-    sb_ptr,
-    rows,
-    cols,
-    m,
-    n,
-    j,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_sam,
-    stride_sak,
-    stride_sbk,
-    stride_sbn,
-    BLOCK: tl.constexpr,
-    COLUMN_BLOCK: tl.constexpr,
-    WIDTH: tl.constexpr,
-    INDEX64: tl.constexpr,
-):
-    """Slice j of the outputs (rows, cols), each the RNE-to-FP32 of its exact sum: each block's payload dot on the
-    tensor cores (exact: a block sum stays below 2^13 quarters), both block scales applied in FP64 (at most 20
-    significant bits) and the block terms summed by a TwoSum chain, exactly as ``exact.twosum_chain_to_fp32``
-    (exact while the terms span at most 106 bits, the CPU path's chain beyond)."""
-    row_ok, col_ok = rows < m, cols < n
-    sub = tl.arange(0, BLOCK)
-    hi = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float64)
-    lo = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float64)
-    for q in tl.static_range(WIDTH // BLOCK):
-        kk = j * WIDTH + q * BLOCK + sub
-        block = j * (WIDTH // BLOCK) + q
-        pa = tl.load(pa_ptr + _offsets(rows, kk, stride_am, stride_ak, INDEX64), mask=row_ok[:, None], other=0.0)
-        pb = tl.load(pb_ptr + _offsets(kk, cols, stride_bk, stride_bn, INDEX64), mask=col_ok[None, :], other=0.0)
-        block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
-        scale_a = tl.load(sa_ptr + rows * stride_sam + block * stride_sak, mask=row_ok, other=0.0)
-        scale_b = tl.load(sb_ptr + block * stride_sbk + (cols // COLUMN_BLOCK) * stride_sbn, mask=col_ok, other=0.0)
-        both = scale_a.to(tl.float64)[:, None] * scale_b.to(tl.float64)[None, :]  # exact: 8 bits
-        term = block_sum.to(tl.float64) * both  # the block's exact partial sum (at most 20 bits)
-        if q == 0:
-            hi = term
-        else:
-            hi, err = _two_sum(hi, term)
-            lo = lo + err
-    hi, lo = _two_sum(hi, lo)
-    return _round_fp64_to_fp32_exact(hi, lo)  # the one RNE rounding of the slice's exact sum
-
-
-@triton.jit
-def _probe_exact_kernel(
-    pa_ptr,
-    sa_ptr,
-    pb_ptr,
-    sb_ptr,
-    a16_ptr,
-    b16_ptr,
-    shift_a_ptr,
-    shift_b_ptr,
-    alpha_ptr,
-    c_ptr,
-    taken_ptr,
-    flagged_ptr,
-    m,
-    n,
-    k,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_sam,
-    stride_sak,
-    stride_sbk,
-    stride_sbn,
-    grid,
-    BLOCK: tl.constexpr,
-    COLUMN_BLOCK: tl.constexpr,
-    WIDTH: tl.constexpr,
-    RTZ: tl.constexpr,
-    HARDWARE_RTZ: tl.constexpr,
-    SNAP: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    EM: tl.constexpr,
-    EN: tl.constexpr,
-    INDEX64: tl.constexpr,
-):
-    """An EM x EN part of a flagged output tile (other programs return at once): each slice by the fast kernel's dot
-    where the bounds cover it, by the exact block chain where they do not."""
-    tile_m, tile_n = tl.program_id(0) // (BM // EM), tl.program_id(1) // (BN // EN)
-    slices = k // WIDTH
-    tile = tile_m * tl.cdiv(n, BN) + tile_n
-    if tl.load(flagged_ptr + tile) != 0:
-        rows = tl.program_id(0) * EM + tl.arange(0, EM)
-        cols = tl.program_id(1) * EN + tl.arange(0, EN)
-        acc = tl.zeros([EM, EN], dtype=tl.float32)
-        for j in range(0, slices):
-            if tl.load(taken_ptr + tile * slices + j) != 0:
-                p = _exact_slice_sum(
-                    pa_ptr,
-                    sa_ptr,
-                    pb_ptr,
-                    sb_ptr,
-                    rows,
-                    cols,
-                    m,
-                    n,
-                    j,
-                    stride_am,
-                    stride_ak,
-                    stride_bk,
-                    stride_bn,
-                    stride_sam,
-                    stride_sak,
-                    stride_sbk,
-                    stride_sbn,
-                    BLOCK,
-                    COLUMN_BLOCK,
-                    WIDTH,
-                    INDEX64,
-                )
-            else:
-                p = _fast_slice(a16_ptr, b16_ptr, shift_a_ptr, shift_b_ptr, rows, cols, m, n, k, j, WIDTH, INDEX64)
-            acc = _accumulate(acc, p, RTZ, HARDWARE_RTZ)
-        _store_output(c_ptr, acc, rows, cols, m, n, alpha_ptr, grid, SNAP, INDEX64)
+            p = fast_slice(a16_ptr, b16_ptr, shift_a_ptr, shift_b_ptr, rows, cols, m, n, k, j, WIDTH, INDEX64)
+            acc = accumulate(acc, p, RTZ, HARDWARE_RTZ)
+        store_output(c_ptr, acc, rows, cols, m, n, alpha_ptr, grid, SNAP, INDEX64)
 
 
 def _needs_int64(*extents: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
@@ -702,142 +466,3 @@ def probe_gemm_payload(
     launches, out, taken = probe_gemm_launches(payload_a, scales_a, payload_b, scales_b, **settings)
     run(launches, out.device)
     return (out, taken) if paths else out
-
-
-TILE = 32  # output rows and columns per program of the mma_sim kernel
-
-
-def _allocate(
-    payload_a, scales_a, payload_b, scales_b, block: int, width: int, alpha
-) -> tuple[tuple, tuple, torch.Tensor]:
-    """The checks and the leading arguments of the mma_sim kernel: (pa, sa, pb, sb, alpha, out, m, n, k, B's scale
-    columns) with the FP32 copies and the output allocated, the launch grid and the output."""
-    reason = usable(payload_a.device)
-    if reason is not None:
-        raise ValueError(f"backend='triton' cannot run here: {reason}")
-    pa, sa, pb, sb = (t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b))
-    (m, k), n = pa.shape, pb.shape[1]
-    if pb.shape[0] != k or block % 16 or k % width:
-        raise ValueError(f"the Triton GEMMs need A [M, K], B [K, N], blocks of 16s and K a multiple of {width}")
-    alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(1).to(pa.device)  # stays on the device
-    out = torch.empty(m, n, dtype=torch.float32, device=pa.device)
-    return (pa, sa, pb, sb, alpha, out, m, n, k, sb.shape[1]), (triton.cdiv(m, TILE), triton.cdiv(n, TILE)), out
-
-
-@triton.jit
-def _exponent64(x):
-    """floor(log2 |x|) of nonzero finite FP64 values, from the exponent bits (all our values are FP64-normal)."""
-    return ((x.to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023
-
-
-@triton.jit
-def _pow2_64(k):
-    return ((k + 1023) << 52).to(tl.float64, bitcast=True)
-
-
-@triton.jit
-def _mma_sim_kernel(
-    pa_ptr,
-    sa_ptr,
-    pb_ptr,
-    sb_ptr,
-    alpha_ptr,
-    c_ptr,
-    m,
-    n,
-    k,
-    scale_cols,
-    BLOCK: tl.constexpr,
-    COLUMN_BLOCK: tl.constexpr,
-    MIN_EXP_A: tl.constexpr,
-    MIN_EXP_B: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-):
-    """MMA-Sim's Blackwell block-scaled MMA (k = 64, 35 fraction bits), as ``gemm.mma_sim_step``: four 16-element
-    sub-block terms at their scale-exponent sums and the FP32 accumulator aligned to the largest exponent, each
-    truncated toward zero 35 bits below it, summed exactly, truncated to FP32 (inf from 2^128). A zero C, a group
-    whose products are all zero and a group with a zero scale take e_zero = -139 (``mmasim`` 2.1.1)."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    row_ok, col_ok = rows < m, cols < n
-    sub = tl.arange(0, 16)
-    sa_cols = k // BLOCK
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for s in range(0, k, 64):
-        acc64 = acc.to(tl.float64)
-        biased = (acc.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        top = tl.where(biased == 0, -126, biased - 127).to(tl.int64)  # subnormal C: -126
-        top = tl.where(acc == 0.0, -139, top)  # zero C: e_zero
-        t0 = tl.zeros([BM, BN], dtype=tl.float64)
-        t1 = tl.zeros([BM, BN], dtype=tl.float64)
-        t2 = tl.zeros([BM, BN], dtype=tl.float64)
-        t3 = tl.zeros([BM, BN], dtype=tl.float64)
-        for q in tl.static_range(4):
-            kk = s + 16 * q + sub
-            pa = tl.load(pa_ptr + rows[:, None].to(tl.int64) * k + kk[None, :], mask=row_ok[:, None], other=0.0)
-            pb = tl.load(pb_ptr + kk[:, None].to(tl.int64) * n + cols[None, :], mask=col_ok[None, :], other=0.0)
-            block_sum = tl.dot(pa.to(tl.float16), pb.to(tl.float16), out_dtype=tl.float32)  # exact
-            # the sum of |products| is zero iff every product is (exact too): such a group takes e_zero
-            magnitude = tl.dot(tl.abs(pa).to(tl.float16), tl.abs(pb).to(tl.float16), out_dtype=tl.float32)
-            j = (s + 16 * q) // BLOCK
-            scale_a = tl.load(sa_ptr + rows.to(tl.int64) * sa_cols + j, mask=row_ok, other=1.0).to(tl.float64)
-            scale_b = tl.load(sb_ptr + j * scale_cols + cols // COLUMN_BLOCK, mask=col_ok, other=1.0).to(tl.float64)
-            ea = tl.maximum(_exponent64(scale_a), MIN_EXP_A)
-            eb = tl.maximum(_exponent64(scale_b), MIN_EXP_B)
-            zero = (scale_a == 0)[:, None] | (scale_b == 0)[None, :] | (magnitude == 0.0)
-            top = tl.maximum(top, tl.where(zero, -139, ea[:, None] + eb[None, :]))
-            term = block_sum.to(tl.float64) * (scale_a[:, None] * scale_b[None, :])
-            if q == 0:
-                t0 = term
-            elif q == 1:
-                t1 = term
-            elif q == 2:
-                t2 = term
-            else:
-                t3 = term
-        inv_quantum = _pow2_64(35 - top)
-        quantum = _pow2_64(top - 35)
-        # truncation toward zero onto the quantum: every term is below 2^48 quanta, exact as int64
-        total = (acc64 * inv_quantum).to(tl.int64).to(tl.float64) * quantum
-        total += (t0 * inv_quantum).to(tl.int64).to(tl.float64) * quantum
-        total += (t1 * inv_quantum).to(tl.int64).to(tl.float64) * quantum
-        total += (t2 * inv_quantum).to(tl.int64).to(tl.float64) * quantum
-        total += (t3 * inv_quantum).to(tl.int64).to(tl.float64) * quantum
-        total = total + 0.0  # an exact zero is +0.0
-        r = total.to(tl.float32)  # RNE, then one step toward zero where it overshot: RTZ
-        over = tl.abs(r.to(tl.float64)) > tl.abs(total)
-        r = tl.where(over, (r.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), r)
-        r = r + 0.0  # a sum that truncates to zero is +0.0 (MMA-Sim's "-0.0 to +0.0")
-        huge = tl.abs(total) >= 340282366920938463463374607431768211456.0  # 2^128
-        acc = tl.where(huge, tl.where(total > 0, float("inf"), float("-inf")), r)
-    out = acc * tl.load(alpha_ptr)
-    tl.store(c_ptr + rows[:, None].to(tl.int64) * n + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
-
-
-def mma_sim_payload(
-    payload_a: torch.Tensor,
-    scales_a: torch.Tensor,
-    payload_b: torch.Tensor,
-    scales_b: torch.Tensor,
-    *,
-    block: int,
-    column_block: int,
-    min_exponent_a: int,
-    min_exponent_b: int,
-    alpha: torch.Tensor | float,
-) -> torch.Tensor:
-    """The mma_sim GEMM (``gemm.matmul(..., "mma_sim")``) as one Triton kernel: the torch path's bits (on ``meta``
-    tensors, inside planning, the allocations only)."""
-    args, launch_grid, out = _allocate(payload_a, scales_a, payload_b, scales_b, block, 64, alpha)
-    constants = dict(
-        BLOCK=block,
-        COLUMN_BLOCK=column_block,
-        MIN_EXP_A=min_exponent_a,
-        MIN_EXP_B=min_exponent_b,
-        BM=TILE,
-        BN=TILE,
-        enable_fp_fusion=False,
-    )
-    run([Launch(_mma_sim_kernel, launch_grid, args, constants)], out.device)
-    return out
