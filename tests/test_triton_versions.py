@@ -16,7 +16,15 @@ from ue5m3.numerics.kernels import launch  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
-KERNEL_MODULES = ("triton_gemm", "triton_mma_sim", "triton_quantize", "triton_pack")
+KERNEL_MODULES = (
+    "triton_gemm",
+    "triton_probe_parts",
+    "triton_probe_exact",
+    "triton_mma_sim",
+    "triton_quantize",
+    "triton_quantize_parts",
+    "triton_pack",
+)
 
 
 @pytest.mark.parametrize("version", ["3.7.0", "3.7.1", "3.8.2", "3.9.0", "3.9.1+git1234"])

@@ -12,7 +12,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ue5m3.numerics.kernels.launch import check_triton_version
 from ue5m3.numerics.kernels.triton_probe_parts import accumulate, fast_slice, offsets, store_output
+
+check_triton_version(triton.__version__)  # refused at import: a Triton the kernels are not tested with
 
 __all__ = ["_probe_exact_kernel"]  # private-looking: its compiled name, in benchmarks/records/compiled_kernels.json
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ue5m3.numerics.kernels.launch import check_triton_version
+
+check_triton_version(triton.__version__)  # refused at import: a Triton the kernels are not tested with
+
 __all__ = ["pow2", "offsets", "add_rtz", "add_rtz_hardware", "accumulate", "store_output", "fast_slice", "tile_of"]
 
 
