@@ -76,6 +76,42 @@ def test_dry_run_with_the_cluster_profile_and_paper_config_passes():
     assert partitions["ue5m3_b16"] == partitions["bf16"] == "gpu"
 
 
+def _job_counts(stdout: str) -> dict[str, int]:
+    """Snakemake's job-stats table of a dry run: jobs per rule."""
+    counts = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and re.fullmatch(r"\w+", parts[0]):
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def _nll_outputs(stdout: str) -> set[str]:
+    return set(re.findall(r"results/eval/nll/[\w/]+\.json", stdout))
+
+
+def test_nll_jobs_cover_a_run_or_a_checkpoint_and_make_the_same_results(tmp_path):
+    """evaluation.nll_job: run gives one NLL job per run and policy over its 6 checkpoints and one per seed for each
+    other sensitivity policy at the last step; checkpoint gives one job per checkpoint; the results are the same
+    files either way."""
+    per_run = _snakemake("-n", "--forceall")
+    counts = _job_counts(per_run.stdout)
+    pipeline = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    runs = len(pipeline["training"]["recipes"]) * len(pipeline["training"]["seeds"])
+    steps = len(pipeline["evaluation"]["steps"])
+    own = pipeline["evaluation"]["policies"][pipeline["evaluation"]["sensitivity_recipe"]]
+    others = [p for p in pipeline["evaluation"]["sensitivity_policies"] if p != own]
+    sensitivity = len(others) * len(pipeline["training"]["seeds"])
+    assert counts["evaluate_nll"] == runs and counts["evaluate_nll_policies"] == sensitivity
+    override = tmp_path / "per_checkpoint.yaml"
+    override.write_text("evaluation: {nll_job: checkpoint}\n")
+    per_checkpoint = _snakemake("-n", "--forceall", "--configfile", str(override))
+    counts = _job_counts(per_checkpoint.stdout)
+    assert counts["evaluate_nll"] == runs * steps + sensitivity and "evaluate_nll_policies" not in counts
+    assert _nll_outputs(per_run.stdout) == _nll_outputs(per_checkpoint.stdout)
+    assert len(_nll_outputs(per_run.stdout)) == runs * steps + sensitivity
+
+
 def test_lint_passes():
     _snakemake("--lint")
 

@@ -6,6 +6,8 @@ is validated against the schema generated from ue5m3.pipeline.sections, then loa
 """
 
 import json
+import re
+import shlex
 import os
 import sys
 from pathlib import Path
@@ -313,6 +315,26 @@ def nll_results():
             for policy in EVALUATION.sensitivity_policies
         ]
     return sorted({nll_result(*item) for item in wanted})
+
+
+def nll_checkpoint_arguments(wildcards, output):
+    """`--step S --out O` for each checkpoint one NLL job evaluates (evaluation.nll_job: run)."""
+    return " ".join(
+        f"--step {step} --out {shlex.quote(str(out))}"
+        for step, out in zip(EVALUATION.steps, output, strict=True)
+    )
+
+
+def sensitivity_constraints():
+    """The wildcards of the sensitivity evaluations (the sensitivity recipe's last checkpoint under each policy
+    other than its own), so that rule evaluate_nll_policies matches nothing else."""
+    own = EVALUATION.policies.get(EVALUATION.sensitivity_recipe)
+    others = [p.value for p in EVALUATION.sensitivity_policies if p is not own]
+    return {
+        "recipe": re.escape(EVALUATION.sensitivity_recipe),
+        "step": str(max(EVALUATION.steps)),
+        "policy": "|".join(re.escape(p) for p in others) or "(?!)",  # (?!) matches nothing
+    }
 
 
 def snapshot_dirs():

@@ -8,30 +8,89 @@ wildcard_constraints:
     policy=POLICIES,
 
 
-rule evaluate_nll:
-    """Validation NLL of one checkpoint under one inference policy (held-out windows, FP64 sums)."""
-    input:
-        main_run_final,
-    output:
-        nll_result("{recipe}", "{seed}", "{step}", "{policy}"),
-    log:
-        log_path("eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.log"),
-    benchmark:
-        benchmark_path(
-            "eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.tsv"
-        )
-    conda:
-        environment("evaluation")
-    threads: 1
-    resources:
-        slurm_partition=partition("evaluation"),
-        gres=gres("evaluation"),
-    params:
-        source=source_hash("ue5m3.evaluation.nll"),
-        config=nll_config(),
-        run_dir=subpath(input[0], parent=True),
-    shell:
-        "OMP_NUM_THREADS={threads} ue5m3 evaluate-nll --config {params.config:q} --run-dir {params.run_dir} --step {wildcards.step} --policy {wildcards.policy} --out {output} > {log} 2>&1"
+if EVALUATION.nll_job == "run":
+
+    rule evaluate_nll:
+        """Validation NLL of every evaluated checkpoint of one run under one inference policy, in one process (the
+        held-out windows read once), one result per checkpoint (evaluation.nll_job: run)."""
+        input:
+            main_run_final,
+        output:
+            [nll_result("{recipe}", "{seed}", step, "{policy}") for step in EVALUATION.steps],
+        log:
+            log_path("eval", "nll", "{recipe}", "seed{seed}", "{policy}.log"),
+        benchmark:
+            benchmark_path("eval", "nll", "{recipe}", "seed{seed}", "{policy}.tsv")
+        conda:
+            environment("evaluation")
+        threads: 1
+        resources:
+            slurm_partition=partition("evaluation"),
+            gres=gres("evaluation"),
+        params:
+            source=source_hash("ue5m3.evaluation.nll"),
+            config=nll_config(),
+            run_dir=subpath(input[0], parent=True),
+            checkpoints=nll_checkpoint_arguments,
+        shell:
+            "OMP_NUM_THREADS={threads} ue5m3 evaluate-nll --config {params.config:q} --run-dir {params.run_dir} --policy {wildcards.policy} {params.checkpoints} > {log} 2>&1"
+
+    rule evaluate_nll_policies:
+        """Validation NLL of the sensitivity recipe's last checkpoint under each other inference policy (paper
+        appendix A): one checkpoint per job, not the run's every one."""
+        input:
+            main_run_final,
+        output:
+            nll_result("{recipe}", "{seed}", "{step}", "{policy}"),
+        log:
+            log_path("eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.log"),
+        benchmark:
+            benchmark_path(
+                "eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.tsv"
+            )
+        wildcard_constraints:
+            **sensitivity_constraints(),
+        conda:
+            environment("evaluation")
+        threads: 1
+        resources:
+            slurm_partition=partition("evaluation"),
+            gres=gres("evaluation"),
+        params:
+            source=source_hash("ue5m3.evaluation.nll"),
+            config=nll_config(),
+            run_dir=subpath(input[0], parent=True),
+        shell:
+            "OMP_NUM_THREADS={threads} ue5m3 evaluate-nll --config {params.config:q} --run-dir {params.run_dir} --step {wildcards.step} --policy {wildcards.policy} --out {output} > {log} 2>&1"
+
+    ruleorder: evaluate_nll_policies > evaluate_nll
+
+else:
+
+    rule evaluate_nll:
+        """Validation NLL of one checkpoint under one inference policy (evaluation.nll_job: checkpoint)."""
+        input:
+            main_run_final,
+        output:
+            nll_result("{recipe}", "{seed}", "{step}", "{policy}"),
+        log:
+            log_path("eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.log"),
+        benchmark:
+            benchmark_path(
+                "eval", "nll", "{recipe}", "seed{seed}", "step{step}", "{policy}.tsv"
+            )
+        conda:
+            environment("evaluation")
+        threads: 1
+        resources:
+            slurm_partition=partition("evaluation"),
+            gres=gres("evaluation"),
+        params:
+            source=source_hash("ue5m3.evaluation.nll"),
+            config=nll_config(),
+            run_dir=subpath(input[0], parent=True),
+        shell:
+            "OMP_NUM_THREADS={threads} ue5m3 evaluate-nll --config {params.config:q} --run-dir {params.run_dir} --step {wildcards.step} --policy {wildcards.policy} --out {output} > {log} 2>&1"
 
 
 rule scale_snapshot:

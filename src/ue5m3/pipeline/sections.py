@@ -242,6 +242,10 @@ class EvaluationSection:
         downstream: the downstream tasks and settings.
         partition: the SLURM partition of the evaluation jobs (NLL, downstream, snapshot) when they run on a GPU.
         gpus: GPUs per evaluation job (0: CPU jobs; the snapshot's one forward and backward is planned on them).
+        nll_job: what one validation-NLL job evaluates under its policy: ``run`` (every evaluated checkpoint of a run
+            in one process: one start-up and import, the held-out windows read once; the sensitivity policies stay
+            one job per seed at the last step) or ``checkpoint`` (one job per checkpoint: on a GPU cluster each
+            checkpoint's evaluation runs beside the others). The results are the same bytes either way.
     """
 
     steps: tuple[int, ...]
@@ -255,6 +259,7 @@ class EvaluationSection:
     downstream: DownstreamConfig
     partition: str | None = None
     gpus: int = 0
+    nll_job: Literal["run", "checkpoint"] = "run"
 
     RANGES: ClassVar[dict[str, Range]] = {"gpus": Range(0, 1, note="GPUs per evaluation job, 0: a CPU job")}
 
