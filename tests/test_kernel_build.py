@@ -54,7 +54,7 @@ def test_the_flags_live_in_one_table_and_every_level_keeps_exact_fp32():
 
 def test_an_unknown_isa_level_names_the_accepted_ones(monkeypatch):
     monkeypatch.setenv(build.ISA_ENV, "avx9")
-    with pytest.raises(ValueError, match=r"UE5M3_KERNEL_ISA='avx9' .*'avx2', 'native', 'portable'"):
+    with pytest.raises(ValueError, match=r"UE5M3_KERNEL_ISA='avx9' .*'avx2', 'avx512', 'native', 'portable'"):
         build.kernel_isa()
     monkeypatch.delenv(build.ISA_ENV)
     assert build.kernel_isa() == build.DEFAULT_ISA == "native"
@@ -124,10 +124,15 @@ def _on_level(monkeypatch, cache: Path, isa: str) -> None:
 @needs_cc
 @pytest.mark.parametrize("isa", LEVELS)
 def test_every_isa_level_quantizes_and_multiplies_to_the_same_bits(isa, level_cache, monkeypatch, fresh_load):
-    """Each level this CPU runs (portable without the AVX2 payload GEMM, avx2 and native with it) against the torch
-    path: quantization under RNE and stochastic rounding, and the probe-matched GEMM."""
+    """Each level this CPU runs (portable without the AVX2 payload GEMM, avx2 with it, avx512 with the 512-bit
+    micro-kernels, native with the widest this CPU has) against the torch path: quantization under RNE and
+    stochastic rounding, and the probe-matched GEMM on both of its kernels (the FP32 payload one, and the FP64
+    encoded one that MXFP4 scales beyond 2^100 take), on ragged row bands and column panels."""
     _on_level(monkeypatch, level_cache, isa)
-    assert cpu_kernel.has_payload_gemm() == (isa != "portable" and {"avx2", "fma"} <= build.cpu_flags())
+    flags = build.cpu_flags()
+    assert cpu_kernel.has_payload_gemm() == (isa != "portable" and {"avx2", "fma"} <= flags)
+    widest = 512 if {"avx512f", "avx512dq", "avx512vl"} <= flags else 256 if {"avx2", "fma"} <= flags else 0
+    assert cpu_kernel.gemm_vector_bits() == {"portable": 0, "avx2": 256, "avx512": 512, "native": widest}[isa]
     g = torch.Generator().manual_seed(3)
     x = torch.randn(32, 128, generator=g) * torch.exp2(torch.randint(-20, 20, (32, 1), generator=g).float())
     for scheme, rounding in (("ue5m3_b16", "rne"), ("nvfp4", "sr")):
@@ -141,5 +146,8 @@ def test_every_isa_level_quantizes_and_multiplies_to_the_same_bits(isa, level_ca
     kwargs = {"cross_slice_rounding": "rtz", "final_grid": 1024}
     got, want = (gemm.matmul(a_q, b_q, "probe_matched", backend=b, **kwargs) for b in ("cpu_kernel", "torch"))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    a_q, b_q = quantize(x[:13] * 2.0**90, "mxfp4"), quantize(b * 2.0**-60, "mxfp4", axis=0)
+    got, want = (gemm.matmul(a_q, b_q, "probe_matched", backend=b, **kwargs) for b in ("cpu_kernel", "torch"))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)) and got.abs().max() > 0
     (built,) = level_cache.glob(f"ue5m3_kernels-{isa}-*.so")
     assert built.is_file()

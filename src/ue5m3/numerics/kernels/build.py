@@ -11,13 +11,16 @@ ISA levels (:data:`ISA_FLAGS`, chosen by ``$UE5M3_KERNEL_ISA``, default ``native
 * ``portable``: no ``-march`` flag, the compiler's default target (x86-64 baseline on Debian's gcc); the
   probe-matched GEMM's FP32 payload path (AVX2 + FMA) is compiled out.
 * ``avx2``: ``-march=x86-64-v3`` (AVX2, FMA, BMI1/2, F16C, LZCNT, MOVBE), refused on a CPU without those.
-* ``native``: ``-march=native``, everything this CPU has.
+* ``avx512``: ``-march=x86-64-v4`` (x86-64-v3 plus AVX-512 F, BW, CD, DQ and VL): the probe-matched GEMM's
+  micro-kernels on 512-bit registers; refused on a CPU without those.
+* ``native``: ``-march=native``, everything this CPU has (the AVX-512 micro-kernels where it has AVX-512 F, DQ and
+  VL, the AVX2 ones where it has AVX2 and FMA).
 
 Every level computes the same bits (the C kernel uses no fast-math and no FP contraction;
 tests/test_kernel_build.py compares the levels with each other and tests/test_cpu_kernel.py with the torch path);
-a level changes speed only. A new level (an AVX-512 path, say) is one more entry in :data:`ISA_FLAGS` and
-:data:`ISA_CPU_FLAGS`. The library's file name carries a key: the SHA-256 of the sources, the compiler, the flags
-and this CPU's model and feature flags, so one cache can serve several kinds of CPU (a shared home directory).
+a level changes speed only. A new level is one more entry in :data:`ISA_FLAGS` and :data:`ISA_CPU_FLAGS`. The
+library's file name carries a key: the SHA-256 of the sources, the compiler, the flags and this CPU's model and
+feature flags, so one cache can serve several kinds of CPU (a shared home directory).
 
 Standard library only: no torch, so it can run anywhere, including a build tool.
 """
@@ -62,11 +65,14 @@ FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-fast-math", "-ffp-contract
 ISA_FLAGS: dict[str, list[str]] = {
     "portable": [],
     "avx2": ["-march=x86-64-v3"],
+    "avx512": ["-march=x86-64-v4"],
     "native": ["-march=native"],
 }
 """The instruction-set levels the kernel can be built for, and the flags of each (added to :data:`FLAGS`)."""
 ISA_CPU_FLAGS: dict[str, tuple[str, ...]] = {
     "avx2": ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"),  # x86-64-v3; abm is LZCNT
+    "avx512": ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
+    + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),  # x86-64-v4
 }
 """The ``/proc/cpuinfo`` flags a level needs (levels not listed run on any CPU the compiler targets)."""
 ISA_ENV = "UE5M3_KERNEL_ISA"

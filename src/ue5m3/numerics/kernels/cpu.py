@@ -33,6 +33,7 @@ __all__ = [
     "probe_gemm",
     "probe_gemm_payload",
     "has_payload_gemm",
+    "gemm_vector_bits",
     "CompileError",
 ]
 
@@ -79,6 +80,7 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p]
     payload.restype = ctypes.c_int
     lib.ue5m3_has_payload_gemm.restype = ctypes.c_int
+    lib.ue5m3_gemm_vector_bits.restype = ctypes.c_int
     return lib
 
 
@@ -250,6 +252,12 @@ def probe_gemm(
 def has_payload_gemm() -> bool:
     """Whether the FP32 payload path of the probe-matched GEMM was built (it needs AVX2 and FMA)."""
     return bool(load().ue5m3_has_payload_gemm())
+
+
+def gemm_vector_bits() -> int:
+    """The vector width the probe-matched GEMM's micro-kernels were built for: 512 (AVX-512 F, DQ and VL), 256
+    (AVX2 and FMA) or 0 (portable C). The bits are the same at every width."""
+    return int(load().ue5m3_gemm_vector_bits())
 
 
 def probe_gemm_payload(

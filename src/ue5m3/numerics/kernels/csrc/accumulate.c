@@ -16,6 +16,12 @@
 #else
 #define UE5M3_AVX2 0
 #endif
+/* AVX-512 (F, DQ, VL) replaces the AVX2 micro-kernels with ones twice as wide; the driver and packing are shared. */
+#if UE5M3_AVX2 && defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define UE5M3_AVX512 1
+#else
+#define UE5M3_AVX512 0
+#endif
 
 static inline uint32_t f2u(float v) { uint32_t b; memcpy(&b, &v, 4); return b; }
 static inline float u2f(uint32_t b) { float v; memcpy(&v, &b, 4); return v; }
@@ -40,7 +46,11 @@ static inline float add_rtz(float a, float b) {
  * (at most 8 significant bits each) and the caller guarantees every partial sum of a slice is exact too, so
  * fma(a, b, s) = a * b + s with no rounding, whatever the order. 6 rows x 8 columns of FP64 slice sums live in 12
  * registers; A and B are packed into K-major micro-panels (zero-padded) so the inner loop streams them. */
+#if UE5M3_AVX512
+#define AMR 8 /* 8 independent FMA chains of 512-bit lanes, 24 of the 32 registers in the payload kernel */
+#else
 #define AMR 6
+#endif
 #define ANR 8
 
 static inline __m256 add_rtz8(__m256 a, __m256 b) {
@@ -54,8 +64,28 @@ static inline __m256 add_rtz8(__m256 a, __m256 b) {
     return _mm256_blendv_ps(s, stepped, overshoot);
 }
 
+#if UE5M3_AVX512
+/* One AMR x 8 tile over kc (a multiple of width) K-steps, one 8-lane FP64 register per row; the same exact sums as
+ * the AVX2 kernel (every FMA is exact, so neither the lane width nor the order changes a bit). */
+static void micro_encoded(const double *ap, const double *bp, int64_t kc, int64_t width, int rtz, float *acc) {
+    for (int64_t s = 0; s < kc; s += width) {
+        __m512d c[AMR];
+        for (int r = 0; r < AMR; ++r) c[r] = _mm512_setzero_pd();
+        const double *a = ap + s * AMR, *b = bp + s * ANR;
+        for (int64_t k = 0; k < width; ++k, a += AMR, b += ANR) {
+            __m512d b0 = _mm512_loadu_pd(b);
+            for (int r = 0; r < AMR; ++r) c[r] = _mm512_fmadd_pd(_mm512_set1_pd(a[r]), b0, c[r]);
+        }
+        for (int r = 0; r < AMR; ++r) {
+            __m256 p = _mm512_cvtpd_ps(c[r]); /* each slice sum rounded once to FP32 (RNE conversion) */
+            __m256 cur = _mm256_loadu_ps(acc + r * ANR);
+            _mm256_storeu_ps(acc + r * ANR, rtz ? add_rtz8(cur, p) : _mm256_add_ps(cur, p));
+        }
+    }
+}
+#else
 /* One 6 x 8 tile over kc (a multiple of width) K-steps; acc (6 x 8 floats) carries the FP32 accumulator. */
-static void micro_6x8(const double *ap, const double *bp, int64_t kc, int64_t width, int rtz, float *acc) {
+static void micro_encoded(const double *ap, const double *bp, int64_t kc, int64_t width, int rtz, float *acc) {
     for (int64_t s = 0; s < kc; s += width) {
         __m256d c00 = _mm256_setzero_pd(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
         __m256d c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -78,6 +108,7 @@ static void micro_6x8(const double *ap, const double *bp, int64_t kc, int64_t wi
         }
     }
 }
+#endif
 
 #define KC 256 /* K-steps per pass over a tile (a multiple of every slice width used; checked below) */
 
@@ -90,8 +121,39 @@ static void micro_6x8(const double *ap, const double *bp, int64_t kc, int64_t wi
 #define PNR 16
 #define SUB 16
 
-static void micro_payload_6x16(const float *ap, const float *bp, const double *bf, int64_t kc, int64_t width,
-                               int rtz, float *acc) {
+#if UE5M3_AVX512
+/* The payload path with one 16-lane FP32 register per row for a sub-block and two 8-lane FP64 slice sums. */
+static void micro_payload(const float *ap, const float *bp, const double *bf, int64_t kc, int64_t width, int rtz,
+                          float *acc) {
+    for (int64_t s = 0; s < kc; s += width) {
+        __m512d lo[AMR], hi[AMR];
+        for (int r = 0; r < AMR; ++r) lo[r] = hi[r] = _mm512_setzero_pd();
+        for (int64_t j = s; j < s + width; j += SUB) {
+            __m512 c[AMR];
+            for (int r = 0; r < AMR; ++r) c[r] = _mm512_setzero_ps();
+            const float *a = ap + j * AMR, *b = bp + j * PNR;
+            for (int k = 0; k < SUB; ++k, a += AMR, b += PNR) {
+                __m512 b0 = _mm512_loadu_ps(b);
+                for (int r = 0; r < AMR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), b0, c[r]);
+            }
+            const double *f = bf + (j / SUB) * PNR;
+            __m512d f0 = _mm512_loadu_pd(f), f1 = _mm512_loadu_pd(f + 8);
+            for (int r = 0; r < AMR; ++r) {
+                lo[r] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(c[r])), f0, lo[r]);
+                hi[r] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(c[r], 1)), f1, hi[r]);
+            }
+        }
+        for (int r = 0; r < AMR; ++r) {
+            __m256 p0 = _mm512_cvtpd_ps(lo[r]), p1 = _mm512_cvtpd_ps(hi[r]);
+            __m256 c0 = _mm256_loadu_ps(acc + r * PNR), c1 = _mm256_loadu_ps(acc + r * PNR + 8);
+            _mm256_storeu_ps(acc + r * PNR, rtz ? add_rtz8(c0, p0) : _mm256_add_ps(c0, p0));
+            _mm256_storeu_ps(acc + r * PNR + 8, rtz ? add_rtz8(c1, p1) : _mm256_add_ps(c1, p1));
+        }
+    }
+}
+#else
+static void micro_payload(const float *ap, const float *bp, const double *bf, int64_t kc, int64_t width, int rtz,
+                          float *acc) {
     for (int64_t s = 0; s < kc; s += width) {
         __m256d slice[AMR][4];
         for (int r = 0; r < AMR; ++r)
@@ -128,6 +190,7 @@ static void micro_payload_6x16(const float *ap, const float *bp, const double *b
             }
     }
 }
+#endif
 
 /* One AMR x nr tile of FP32 accumulators advanced over K-steps [k0, k0 + len) (len a multiple of the width). */
 typedef void (*tile_fn)(const void *ctx, int64_t band, int64_t panel, int64_t k0, int64_t len, float *acc);
@@ -173,7 +236,7 @@ typedef struct {
 
 static void payload_tile(const void *ctx, int64_t band, int64_t p, int64_t k0, int64_t len, float *acc) {
     const payload_ctx *x = (const payload_ctx *)ctx;
-    micro_payload_6x16(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * PNR,
+    micro_payload(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * PNR,
                        x->bf + (p * x->subs + k0 / SUB) * PNR, len, x->width, x->rtz, acc);
 }
 
@@ -185,7 +248,7 @@ typedef struct {
 
 static void encoded_tile(const void *ctx, int64_t band, int64_t p, int64_t k0, int64_t len, float *acc) {
     const encoded_ctx *x = (const encoded_ctx *)ctx;
-    micro_6x8(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * ANR, len, x->width, x->rtz, acc);
+    micro_encoded(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * ANR, len, x->width, x->rtz, acc);
 }
 
 /* significand in [1, 2) and exponent of a positive finite FP32 scale (zero: 0 and 0) */
@@ -400,3 +463,5 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
 }
 #endif
 int ue5m3_has_payload_gemm(void) { return UE5M3_AVX2; }
+/* The vector width of the probe-matched GEMM's micro-kernels: 512 (AVX-512), 256 (AVX2 + FMA), 0 (portable). */
+int ue5m3_gemm_vector_bits(void) { return UE5M3_AVX512 ? 512 : UE5M3_AVX2 ? 256 : 0; }
