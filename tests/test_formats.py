@@ -776,3 +776,15 @@ def test_fp32_forms_differ_from_exact_comparisons_near_the_threshold_for_small_i
     assert float(out) == 0.5
     num, den = Fraction(float(x)) * 2, 1
     assert not EXACT_RULES[mode](num.numerator, num.denominator * den, 255)  # exact arithmetic: stays at 0
+
+
+def test_e2m1_codes_by_table_are_the_codes_of_every_e2m1_value():
+    """The FP4 payload path (one table lookup) against decode: every E2M1 value, -0.0 included, in a
+    non-contiguous 3-D tensor, gives its own code."""
+    codes = formats.E2M1.finite_codes()
+    values = formats.decode(codes, formats.E2M1)
+    grid = values.repeat(6, 2).reshape(6, 2, 16).transpose(0, 2)  # [16, 2, 6], not contiguous
+    got = formats.e2m1_codes(grid)
+    assert got.dtype == torch.uint8 and got.shape == grid.shape
+    assert torch.equal(got, codes.repeat(6, 2).reshape(6, 2, 16).transpose(0, 2).to(torch.uint8))
+    assert torch.equal(formats.codes_of_values(grid, formats.E2M1), got.to(torch.int64))

@@ -134,7 +134,11 @@ class QuantizedTensor:
 
             payload = triton_pack.pack_e2m1(self.payload_blocks)
         else:
-            payload = formats.codes_of_values(self.payload_blocks, element).to(torch.uint8)
+            payload = (
+                formats.e2m1_codes(self.payload_blocks)
+                if element == formats.E2M1
+                else formats.codes_of_values(self.payload_blocks, element).to(torch.uint8)
+            )
             if element.bits <= 4:
                 payload = payload[..., 0::2] | (payload[..., 1::2] << 4)  # blocks have an even size
         scales = self.scale_values
