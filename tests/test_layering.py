@@ -31,7 +31,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ue5m3"
 FLOORS: list[set[str]] = [
     {"config"},
     {"artifacts", "reference", "logs", "stages"},
-    {"numerics", "report"},
+    {"numerics", "report", "figures"},
     {"layers", "models", "data"},
     {"training"},
     {"evaluation"},
@@ -59,6 +59,7 @@ NUMERICS_ORDER = [
     "hadamard",
     "scaling",
     "gemm",
+    "fast_path",  # which tile-slices the Triton GEMMs send to the exact path, restated in torch from gemm's checks
     "kernels.compiled",  # the compile report drives the quantizer and GEMMs to compile every kernel: it comes last
 ]
 LOOP_IMPORTERS = {"ue5m3.cli.training", "ue5m3.identify.parity"}
