@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ue5m3 import reference
+from ue5m3 import reference, stages
 from ue5m3.artifacts import write_csv
 from ue5m3.experiments import comparisons
 from ue5m3.experiments.agreement import AGREEMENT_COLUMNS
@@ -307,6 +307,7 @@ def test_scale_snapshot_vs_paper_sums_modules_per_checkpoint_and_target():
     )
     table = comparisons.scale_snapshot_vs_paper(counts, paper)
     assert table["recipe"].tolist() == ["ue5m3_b16"] * 10 + ["bf16"] * 10  # the order given
+    assert table["label"].tolist() == [stages.label("ue5m3_b16")] * 10 + [stages.label("bf16")] * 10
     first = table.iloc[:5]
     assert first["target"].tolist() == [448.0] * 5 and first["modules"].tolist() == [2] * 5
     assert first["blocks"].tolist() == [48] * 5

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from ue5m3 import config
+from ue5m3 import config, stages
 from ue5m3.experiments import early_warning, format_study, scale_telemetry
 from ue5m3.experiments.early_warning import WarningConfig
 
@@ -151,6 +151,7 @@ def test_run_writes_the_tables_and_the_config_is_checked(study, tmp_path):
     assert warnings.loc[("ue5m3_t448", 1), "warned_step"] == 10
     assert "underflowed_share 0.02" in warnings.loc[("ue5m3_t448", 1), "warning"]
     assert pd.isna(warnings.loc[("bf16", 1), "warned_step"])
+    assert warnings.loc[("bf16", 1), "label"] == stages.label("bf16")  # the paper's name beside the recipe
     provenance = json.loads(paths["provenance"].read_text())
     assert provenance["command"] == "format-study" and provenance["config"]["warning"]["headroom_margin"] == 0.25
     with pytest.raises(config.ConfigError, match="level"):

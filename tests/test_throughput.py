@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers.backends import native_te_available
-from ue5m3 import cli, config, models, pipeline, reference
+from ue5m3 import cli, config, models, pipeline, reference, stages
 from ue5m3.experiments import comparisons
 from ue5m3.experiments import throughput as tp
 from ue5m3.layers import native_te
@@ -214,6 +214,7 @@ def test_the_comparison_puts_each_runs_speed_up_beside_the_papers():
             )  # fmt: skip
     table = comparisons.throughput_vs_paper(pd.DataFrame(rows), reference.load("throughput_ablation"))
     assert list(table.columns) == comparisons.THROUGHPUT_COLUMNS
+    assert table["label"].tolist() == [stages.label(r) for r in table["recipe"]]
     ablation = table[table["recipe"] == "nvfp4_no_rht_all_linears"].set_index("run")
     assert ablation.loc["cpu", "speedup_vs_nvfp4_te"] == 1.5 and ablation.loc["gpu", "speedup_vs_nvfp4_te"] == 1.2
     assert round(ablation.loc["cpu", "paper_speedup_vs_nvfp4_te"], 3) == 1.212  # the paper's +21.2%

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from ue5m3 import stages
 from ue5m3.config import Range
 
 __all__ = ["WarningConfig", "Flag", "scan", "diverged", "read_records", "warnings_table", "WARNING_COLUMNS"]
@@ -165,7 +166,9 @@ def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-WARNING_COLUMNS = ["recipe", "seed", "run", "logged_steps", "warned_step", "warning", "diverged_step", "lead_steps"]
+WARNING_COLUMNS = [
+    "recipe", "label", "seed", "run", "logged_steps", "warned_step", "warning", "diverged_step", "lead_steps"
+]  # fmt: skip
 """The columns of :func:`warnings_table`."""
 
 
@@ -185,8 +188,10 @@ def warnings_table(run_dirs: Sequence[str | Path], cfg: WarningConfig | None = N
         flagged = scan(records, cfg)
         step = diverged(records, cfg)
         warned = flagged[0].step if flagged else None
+        recipe = meta.get("recipe")
         rows.append(
-            {"recipe": meta.get("recipe"), "seed": meta.get("seed"), "run": str(run_dir), "logged_steps": len(records),
+            {"recipe": recipe, "label": stages.label(recipe) if recipe else None, "seed": meta.get("seed"),
+             "run": str(run_dir), "logged_steps": len(records),
              "warned_step": warned, "warning": flagged[0].describe() if flagged else None, "diverged_step": step,
              "lead_steps": step - warned if step is not None and warned is not None else None}
         )  # fmt: skip

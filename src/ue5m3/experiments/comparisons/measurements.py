@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ue5m3 import stages
 from ue5m3.experiments.agreement import AGREEMENT_COLUMNS, Criterion, Tolerance, with_agreement
 from ue5m3.experiments.comparisons.common import BASELINE, Record, reference_by_recipe
 from ue5m3.experiments.paired import Verdict
@@ -130,8 +131,9 @@ def scale_snapshot_vs_paper(counts: pd.DataFrame, paper: pd.DataFrame) -> pd.Dat
 
     Returns:
         One row per (recipe, target, metric), in the order of the recipes as given, targets ascending and
-        :data:`SNAPSHOT_METRICS`: recipe, target, modules, blocks, metric, ours, paper (empty for metrics the paper
-        does not report), then :data:`AGREEMENT_COLUMNS` (:data:`SNAPSHOT_TOLERANCE`).
+        :data:`SNAPSHOT_METRICS`: recipe, label (the paper's name, :func:`ue5m3.stages.label`), target,
+        modules, blocks, metric, ours, paper (empty for metrics the paper does not report),
+        then :data:`AGREEMENT_COLUMNS` (:data:`SNAPSHOT_TOLERANCE`).
     """
     grouped = counts.groupby(["recipe", "target"], sort=False)
     sums = grouped[["blocks", *SNAPSHOT_METRICS]].sum().assign(modules=grouped["module"].nunique())
@@ -152,6 +154,7 @@ def scale_snapshot_vs_paper(counts: pd.DataFrame, paper: pd.DataFrame) -> pd.Dat
     reference = reference_by_recipe(paper).rename(columns={"value": "paper"})
     table = table.merge(reference, on=["recipe", "target", "metric"], how="left").reset_index(drop=True)
     table["paper"] = table["paper"].astype("Int64")
+    table.insert(1, "label", table["recipe"].map(stages.label))
     return with_agreement(
         table, ours="ours", paper="paper", tolerance=SNAPSHOT_TOLERANCE, compare=table["paper"].notna()
     )
@@ -258,6 +261,7 @@ THROUGHPUT_COLUMNS = [
     "device_name",
     "model",
     "recipe",
+    "label",
     "fp4_linears",
     "bf16_linears",
     "rht",
@@ -316,6 +320,7 @@ def throughput_vs_paper(ours: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame
             "device_name": ours["device_name"],
             "model": ours["model"],
             "recipe": ours["recipe"],
+            "label": ours["recipe"].map(stages.label),
             "fp4_linears": ours["fp4_linears"],
             "bf16_linears": ours["bf16_linears"],
             "rht": ours["rht"],
