@@ -92,6 +92,7 @@ bias_series = {
     ("nvfp4_dequantized", "rtz"): ("#ff7f0e", "s"),
     ("nvfp4", "rtz"): ("#d62728", "D"),
 }
+operand_names = {"bf16": "BF16", "nvfp4": "NVFP4", "nvfp4_dequantized": "NVFP4 dequantized"}
 # Style per accumulation variant. The gridded variants coincide wherever the snap decides the output, so they
 # differ in marker fill and size as well as line style, and each variant is shifted a little along x.
 variant_styles = {
@@ -148,13 +149,18 @@ for ax, metric, title in zip(axes, ["magnitude_bias_ppm", "gain_error_ppm"], tit
         table = bias[(bias["metric"] == metric) & (bias["operands"] == operands) & (bias["variant"] == variant)]
         x = [positions[d] + 0.08 * (i - 1.5) for d in table["distribution"]]
         ax.plot(
-            x, table["value_ppm"], color=color, marker=marker, linestyle="none", label=f"ours: {operands} {variant}"
+            x,
+            table["value_ppm"],
+            color=color,
+            marker=marker,
+            linestyle="none",
+            label=f"ours: {operand_names[operands]} {variant.upper()}",
         )
     table = paper_bias[paper_bias["metric"] == metric]
     ax.plot(
         [positions[d] for d in table["distribution_or_grid"]],
         table["value"],
-        **(paper_vs_ours["paper"] | {"label": "paper: bf16 rtz"}),
+        **(paper_vs_ours["paper"] | {"label": "paper: BF16 RTZ"}),
     )
     ax.axhline(0.0, color="0.5", linewidth=0.8)
     ax.set_xticks(

@@ -24,7 +24,7 @@
 # read from the records), the paper's from Nemotron-H 8B runs with one seed, so the comparable quantity is **each
 # recipe's NLL against BF16's run of the same seed** at the same point of training, judged against the paper's
 # difference: reproduced, contradicted or inconclusive (`ue5m3.experiments.paired`). The figures show the percent
-# against BF16, `100 (bf16 - x) / bf16` (positive: better than BF16).
+# against BF16, `100 (BF16 - x) / BF16` (positive: better than BF16).
 #
 # - **`validation_nll.pdf`**: NLL per checkpoint and recipe under each recipe's inference policy (cold D = 50
 #   replay for the UE5M3 recipes, current scaling for NVFP4; experiments spec section 4). Ours: the mean over
@@ -172,7 +172,7 @@ for recipe, rows in paper[paper["recipe"] != "bf16"].groupby("recipe"):
         "label": stages.label(recipe)})  # fmt: skip
 for ax, title in ((left, "ours (band: seed range, each seed against its BF16 run)"), (right, "paper (8B, one seed)")):
     ax.axhline(0, color="black", linewidth=0.6)
-    ax.set(xlabel="fraction of training", ylabel="percent vs BF16 (100 (bf16 − x) / bf16)", title=title)
+    ax.set(xlabel="fraction of training", ylabel="percent vs BF16 (100 (BF16 − x) / BF16)", title=title)
     ax.title.set_fontsize(8)
     ax.legend(fontsize=6)
 right.set_ylim(max(paper["percent_vs_bf16"].min(), clip_percent) - 0.5, max(paper["percent_vs_bf16"].max(), 0) + 0.5)

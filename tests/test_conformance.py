@@ -59,11 +59,11 @@ def test_a_differing_cell_names_its_cause_and_saves_a_loadable_counterexample(ma
 @pytest.mark.parametrize(
     ("operation", "peer"),
     [
-        ("block-scaled GEMM (nvfp4)", "mmasim"),
-        ("block-scaled GEMM (mxfp4)", "mmasim"),
-        ("block-scaled GEMM (ue5m3_b16, as FP16 scales)", "mmasim"),
-        ("ue5m3 cast (RNE)", "gfloat"),
-        ("e2m1 cast (RNE)", "ml_dtypes"),
+        ("block-scaled GEMM (NVFP4)", "mmasim"),
+        ("block-scaled GEMM (MXFP4)", "mmasim"),
+        ("block-scaled GEMM (UE5M3 B16, as FP16 scales)", "mmasim"),
+        ("UE5M3 cast (RNE)", "gfloat"),
+        ("E2M1 cast (RNE)", "ml_dtypes"),
     ],
 )
 def test_the_cells_that_must_agree_are_bit_exact(matrix, operation, peer):
@@ -75,11 +75,11 @@ def test_the_cells_that_must_agree_are_bit_exact(matrix, operation, peer):
     ("operation", "peer", "module", "cause"),
     [
         ("4/6 selection (MSE)", "fouroversix", "fouroversix", "fouroversix_negative_zero"),
-        ("nvfp4 quantize (torchao order)", "torchao", "torchao", "torchao_scale_floor"),
-        ("mxfp4 quantize (floor)", "torchao", "torchao", "torchao_e8m0_min_scale"),
-        ("mxfp4 quantize (rceil)", "torchao", "torchao", "torchao_e8m0_min_scale, torchao_rceil_fp32_log2"),
-        ("nvfp4 quantize (TE order)", "transformer-engine", "", "te_negative_zero"),
-        ("nvfp4 quantize (TE order)", "nvidia-modelopt", "modelopt", "modelopt_negative_zero, zero_scale_payload"),
+        ("NVFP4 quantize (torchao order)", "torchao", "torchao", "torchao_scale_floor"),
+        ("MXFP4 quantize (floor)", "torchao", "torchao", "torchao_e8m0_min_scale"),
+        ("MXFP4 quantize (rceil)", "torchao", "torchao", "torchao_e8m0_min_scale, torchao_rceil_fp32_log2"),
+        ("NVFP4 quantize (TE order)", "transformer-engine", "", "te_negative_zero"),
+        ("NVFP4 quantize (TE order)", "nvidia-modelopt", "modelopt", "modelopt_negative_zero, zero_scale_payload"),
     ],
 )
 def test_known_differences_explain_every_differing_element(matrix, operation, peer, module, cause):
@@ -115,7 +115,7 @@ def test_torchao_rceil_rounds_a_descale_just_above_a_power_of_two_down_through_i
     # block 1: a_B / 6 = 1.5 * 2^-10, far from a power of two: both give 2^-9.
     a = torch.tensor(0x3BC00002, dtype=torch.int32).view(torch.float32)
     x = torch.stack([a * torch.tensor([1.0, -1.0, 0.5, -0.5] * 8), torch.full((32,), 6 * 1.5 * 2.0**-10)])
-    outcome, unexplained = _judged(_operation("mxfp4 quantize (rceil)", "torchao"), x)
+    outcome, unexplained = _judged(_operation("MXFP4 quantize (rceil)", "torchao"), x)
     assert outcome.ours[:2].tolist() == [118.0, 118.0] and outcome.theirs[:2].tolist() == [117.0, 118.0]
     assert outcome.ours[2:6].tolist() == [3.0, -3.0, 1.5, -1.5] and outcome.theirs[2:6].tolist() == [6, -6, 3, -3]
     assert torch.equal(outcome.ours[34:], outcome.theirs[34:])  # block 1's payload agrees
@@ -127,7 +127,7 @@ def test_torchao_rceil_rounds_a_descale_just_above_a_power_of_two_down_through_i
 def test_modelopt_writes_negative_zero_as_positive_zero():
     pytest.importorskip("modelopt")
     x = torch.tensor([[2688.0, -0.0, 1.0, -0.0, 0.0, -3.0, -0.0, 6.0, -1.0, 0.5, -0.0, 2.0, -0.0, 4.0, -6.0, 0.0]])
-    outcome, unexplained = _judged(_operation("nvfp4 quantize (TE order)", "nvidia-modelopt"), x)
+    outcome, unexplained = _judged(_operation("NVFP4 quantize (TE order)", "nvidia-modelopt"), x)
     differing = judge.compare(outcome.ours, outcome.theirs).differing
     negative_zero = [1 + i for i, v in enumerate(x[0].tolist()) if v == 0 and str(v) == "-0.0"]  # after 1 scale
     assert torch.nonzero(differing).flatten().tolist() == negative_zero
@@ -137,7 +137,7 @@ def test_modelopt_writes_negative_zero_as_positive_zero():
 
 def test_the_stochastic_cell_states_its_test_and_p_value(matrix):
     pytest.importorskip("gfloat")
-    cell = _cell(matrix[0], "e2m1 stochastic rounding", "gfloat")
+    cell = _cell(matrix[0], "E2M1 stochastic rounding", "gfloat")
     assert cell["verdict"] == "equal_in_distribution" and "chi-square" in cell["detail"] and "p = " in cell["detail"]
 
 
