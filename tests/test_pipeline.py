@@ -341,8 +341,8 @@ def test_range_pipeline_runs_and_its_figures_are_byte_stable(tmp_path):
     assert {name: (tmp_path / "figures" / name).read_bytes() for name in pdfs} == first
 
 
-# The whole DAG on the tiny .test/config.yaml, end to end, runs in the system tests (system_tests/test_report.py,
-# `make test-cluster`), with the report in a headless browser.
+# The whole DAG on the tiny .test/config.yaml, end to end, with the notebooks and the README's commands on its
+# results: tests/test_tiny_dag.py; its report in a headless browser: system_tests/test_report.py.
 
 
 def test_an_interrupted_reproduce_resumes_with_the_same_command(tmp_path):

@@ -17,5 +17,6 @@ a rootdir without ``__init__.py``), so the package imports as ``helpers``.
 * ``rational``: exact rational FP32 rounding and lattice snapping;
 * ``recipes``: packaged recipes resolved for the 8B and the debug models;
 * ``threads``: torch's thread count set for a block;
+* ``tiny_dag``: the whole DAG on the tiny `.test/` config, in ``.test/dag/`` (shared with the system tests);
 * ``training``: the training tests' run config and token stream, and readers of a run's checkpoints and metrics.
 """
