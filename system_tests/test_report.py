@@ -11,6 +11,7 @@ Run by `make test-cluster` (after `make test`, from .ci/run).
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 import shutil
@@ -109,6 +110,32 @@ def test_the_report_lists_every_figure_and_table_in_its_category_and_renders_eac
         if _not_blank(shot) < MIN_INK:
             blank[name] = round(_not_blank(shot), 4)
     assert not blank, f"blank views (fraction of non-background pixels): {blank}; screenshots in {tmp_path}"
+
+
+def test_the_report_opens_on_the_claims_table_every_row_in_reach_beside_the_workflow_graph(report, browser):
+    """The front page as a reader lands on it: the claims heading, and every claim's statement, reachable with the
+    page scrolled to its top left (Snakemake centres its pages in the window, which lost the top of a page taller
+    than the window: the heading and the first claim), and the table clear of the workflow graph beside it."""
+    claims = list(csv.DictReader((report / "figures" / "claims.csv").open(newline="")))
+    assert claims
+    browser.get((report / "report.html").as_uri())
+    _until(lambda: browser.find_elements("id", "the-paper-s-claims"), bool, timeout=60)
+    browser.execute_script("for (const e of document.querySelectorAll('*')) { e.scrollTop = 0; e.scrollLeft = 0; }")
+    boxes = browser.execute_script(
+        "const box = e => e && e.getBoundingClientRect().toJSON();"
+        "const section = document.getElementById('the-paper-s-claims');"
+        "return {heading: box(section.querySelector('h1, h2, h3')), table: box(section.querySelector('table')),"
+        " graph: box(document.querySelector('.vega-embed'))};"
+    )
+    assert boxes["heading"]["top"] >= 0 and boxes["heading"]["left"] >= 0, boxes
+    assert boxes["table"]["left"] >= 0, boxes
+    if boxes["graph"]:  # side by side: the table ends before the graph starts (or lies wholly above or below it)
+        table, graph = boxes["table"], boxes["graph"]
+        apart = table["right"] <= graph["left"] or table["bottom"] <= graph["top"] or graph["bottom"] <= table["top"]
+        assert apart, boxes
+    shown = browser.find_element("tag name", "body").text  # what is displayed, not what overflow clips away
+    hidden = [row["statement"] for row in claims if " ".join(row["statement"].split()) not in " ".join(shown.split())]
+    assert not hidden, f"claims out of the reader's reach on the front page: {hidden}"
 
 
 MIN_INK = 0.02  # the share of pixels off the background below which a view counts as blank

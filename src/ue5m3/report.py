@@ -114,16 +114,34 @@ def _rst_cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "/") or "-"
 
 
+SAFE_CENTERING = """.. raw:: html
+
+   <style>
+   /* Snakemake's report centres each page in a flex box of the window's height; a front page taller or wider than
+      the window (the claims table) would lose its top and left, beyond the scrollbars' reach. "safe" centres what
+      fits and starts at the edge what does not */
+   div.h-screen.items-center.justify-center { align-items: safe center; justify-content: safe center; }
+   /* the claims table in a column of its own width, scrolling sideways there, not under the workflow graph */
+   div.prose:has(#the-paper-s-claims) { max-width: 56rem; }
+   #the-paper-s-claims table.docutils { display: block; overflow-x: auto; }
+   #the-paper-s-claims td:nth-child(2) { min-width: 20rem; }
+   </style>
+
+"""
+"""Raw HTML the front page carries (docutils' raw directive, which Snakemake's report renders): the report's own page
+layout, made to scroll to the claims table's first row and column."""
+
+
 def claims_section(claims_csv: str | os.PathLike[str]) -> str:
     """The report front page's section of the paper's claims: a reStructuredText list-table of ``claims.csv``
     (verdict first, numbers rounded), or a line saying where it will come from while the file does not exist."""
     claims_csv = Path(claims_csv)
-    head = "The paper's claims\n==================\n\n"
+    head = "The paper's claims\n==================\n\n" + SAFE_CENTERING
     if not claims_csv.is_file():
         return head + f"The claims table appears here once {claims_csv} exists (rule claims_figures makes it).\n"
     with claims_csv.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-    lines = [".. list-table::", "   :header-rows: 1", ""]
+    lines = [".. list-table::", "   :header-rows: 1", "   :widths: auto", ""]
     lines.append("   * - " + "\n     - ".join(CLAIMS_SHOWN))
     for row in rows:
         cells = [_rst_cell(display_value(c, row.get(c, ""))) for c in CLAIMS_SHOWN]
