@@ -90,9 +90,16 @@ def test_the_report_lists_every_figure_and_table_in_its_category_and_renders_eac
     categories = {category for _, category in by_name.values()}
     placed = ("paper section", "paper appendix", "(beyond the paper")
     assert all(any(p in c for p in placed) for c in categories), categories
+    # the menu lists the categories in the paper's order (each stage's zero-padded place: the menu sorts by name)
+    browser.execute_script("app.setView({navbarMode: 'menu'})")
+    menu = _until(lambda: browser.find_element("tag name", "body").text, lambda text: "RESULTS" in text.upper())
+    shown = [c for c in menu.splitlines() if c in categories]
+    assert shown == sorted(categories, key=lambda c: int(c.split()[0])), shown
     for category in sorted(categories):  # as a reader opens them: back to the results menu, then the category
         browser.execute_script("app.setView({navbarMode: 'menu'})")
-        _until(lambda: browser.find_element("tag name", "body").text, lambda text: "Results" in text)
+        in_menu = lambda text, category=category: category in text  # noqa: E731
+        menu = _until(lambda: browser.find_element("tag name", "body").text, in_menu)
+        assert category in menu, f"the results menu does not list {category!r}"
         browser.execute_script("app.showCategory(arguments[0])", category)
         # each item listed by its title (the registry's), not by its file path
         titles = [figures.figure(Path(n).stem).title for n, (_, c) in by_name.items() if c == category]

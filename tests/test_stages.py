@@ -40,6 +40,14 @@ def test_names_are_unique_and_every_figure_belongs_to_a_stage():
     assert set().union(*RULE_FILES.values()) == names
 
 
+def test_the_reports_categories_sort_by_name_into_the_stages_order():
+    """Snakemake's report lists categories sorted by name: the zero-padded place keeps "10" after "9"."""
+    by_order = [s.name for s in sorted(stages.STAGES, key=lambda s: s.order)]
+    by_name = sorted(stages.STAGES, key=lambda s: stages.category(s.name))
+    assert [s.name for s in by_name] == by_order
+    assert stages.category("range_analysis").startswith("01 Range of the block-scale formats (paper sections")
+
+
 def test_every_figure_rule_exists_and_takes_its_outputs_from_the_registry():
     text = {p.name: p.read_text() for p in RULES.glob("*.smk")}
     for rule in figures.figure_rules():

@@ -61,9 +61,10 @@ def stage(name: str) -> Stage:
 
 
 def category(stage_name: str) -> str:
-    """A stage's report category: its place, title and the paper's section."""
+    """A stage's report category: its place, title and the paper's section. The place is zero-padded: the report's
+    menu sorts categories by name, which put "10" before "2"."""
     s = stage(stage_name)
-    return f"{s.order} {s.title} ({placement(stage_name)})"
+    return f"{s.order:0{len(str(len(STAGES) - 1))}d} {s.title} ({placement(stage_name)})"
 
 
 def placement(stage_name: str) -> str:
