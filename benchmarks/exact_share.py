@@ -31,9 +31,17 @@ PIPELINE_OVERRIDES = {"vocab_size": 4096, "hybrid_override_pattern": "*-M-M-M-M-
 ROLES = {"fprop_activation": "fprop", "dgrad_upstream_gradient": "dgrad", "wgrad_upstream_gradient": "wgrad"}
 
 
-def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor, tiles: tuple[int, int] = (128, 64)) -> list[dict]:
+def capture(
+    model: torch.nn.Module,
+    recipe,
+    tokens: torch.Tensor,
+    tiles: tuple[int, int] = (128, 64),
+    keep_operands=lambda layer: False,
+) -> list[dict]:
     """Convert ``model`` under ``recipe`` (resolved for it), run one microbatch and return one row per FP4 GEMM:
-    layer, GEMM role, shape, tile-slices and how many take the exact path."""
+    layer, GEMM role, shape, tile-slices and how many take the exact path; the rows of the layers ``keep_operands``
+    names also hold the GEMM's two quantized operands and its GEMM config (``operands``, ``gemm_config``: what
+    ``benchmarks/gpu_check.py`` times)."""
     from ue5m3 import models
     from ue5m3.layers import matmul
     from ue5m3.layers.linear import QuantLinear, convert, find_scale_state
@@ -53,17 +61,18 @@ def capture(model: torch.nn.Module, recipe, tokens: torch.Tensor, tiles: tuple[i
             paths = fast_path.probe_paths(
                 a[1], b[1], slice_width=config.slice_width, block_m=tiles[0], block_n=tiles[1]
             )
-            rows.append(
-                {
-                    "layer": names[id(call.weights)],
-                    "gemm": ROLES[a[0].value],
-                    "shape": [a[1].shape[0], a[1].shape[1], b[1].shape[1]],
-                    "tile_slices": paths.numel(),
-                    "exact": int(paths.sum()),
-                    # the fast kernel leaves a tile with any exact slice whole to the exact kernel
-                    "flagged_tile_slices": int(paths.any(-1).sum()) * paths.shape[-1],
-                }
-            )
+            row = {
+                "layer": names[id(call.weights)],
+                "gemm": ROLES[a[0].value],
+                "shape": [a[1].shape[0], a[1].shape[1], b[1].shape[1]],
+                "tile_slices": paths.numel(),
+                "exact": int(paths.sum()),
+                # the fast kernel leaves a tile with any exact slice whole to the exact kernel
+                "flagged_tile_slices": int(paths.any(-1).sum()) * paths.shape[-1],
+            }
+            if keep_operands(row["layer"]):
+                row.update(operands=(a[1], b[1]), gemm_config=config)
+            rows.append(row)
         return original(call, a, b, prepared_b)
 
     for parameter in model.parameters():  # nothing reads the gradients: each goes as soon as it is made

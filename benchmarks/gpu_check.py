@@ -9,7 +9,9 @@
    FP4 linear against the CPU reference computed in the same process, bit for bit.
 2. Benchmarks as same-run ratios: quantize time against a device copy of the same tensor; probe_matched against a
    BF16 ``torch.mm`` on the Nemotron-H 8B GEMM shapes (and with the fast path off, the exact path's cost; with B
-   prepared once, as a held weight; with 1% outlier channels at x100 and x1000, their exact-path share); the FP4
+   prepared once, as a held weight; with 1% outlier channels at x100 and x1000, their exact-path share); on real
+   operands, those one training microbatch of the paper's 1.2B control at init gives its first and last blocks'
+   GEMMs (captured as benchmarks/exact_share.py does, each beside its exact-path share); the FP4
    linear forward+backward (time and peak memory) against BF16 ``nn.Linear``; a two-layer Nemotron-H 8B training
    step (tokens/s, peak memory) against BF16.
 3. On a Hopper GPU (compute capability 9.x), the FP8 emulator identification of docs/identification.md at CPU-scale
@@ -29,6 +31,7 @@ import dataclasses
 import datetime
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -278,6 +281,69 @@ def bench_gemm(repeats: int, quick: bool) -> list[dict]:
     return rows
 
 
+CAPTURED = {"model": "dense_1p2b", "overrides": {}, "sequence": 4096}
+"""Whose operands :func:`bench_captured` times: one microbatch of the paper's 1.2B control at init (the model of
+``benchmarks/records/exact_share_dense_1p2b_init.json``, at 4,096 tokens). The interpreter test shrinks it."""
+
+
+def _block(layer: str) -> int:
+    return int(re.search(r"layers\.(\d+)\.", layer).group(1))
+
+
+def bench_captured(repeats: int, quick: bool) -> list[dict]:
+    """probe_matched on real operands: one training microbatch of CAPTURED's model at init under ue5m3_b16 on this
+    GPU, every FP4 GEMM's operands as the recipe quantizes them (``benchmarks/exact_share.py``'s capture), and the
+    GEMMs of its first and last blocks (the last only, ``quick``) timed against a BF16 ``torch.mm`` of their shape,
+    each beside its exact-path share."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import exact_share
+
+    from ue5m3 import models
+    from ue5m3.layers import recipes
+    from ue5m3.layers.matmul import run_gemm
+    from ue5m3.training.config import model_layers
+
+    name, overrides, sequence = CAPTURED["model"], CAPTURED["overrides"], CAPTURED["sequence"]
+    model = models.build(name, device="cpu", generator=torch.Generator().manual_seed(0), **overrides).to(DEVICE)
+    vocab = overrides.get("vocab_size", models.config(name).vocab_size)
+    tokens = torch.randint(0, vocab, (1, sequence + 1), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    blocks = sorted({_block(layer) for layer in models.eligible_linears(model)})
+    timed_blocks = {blocks[-1]} if quick else {blocks[0], blocks[-1]}
+    recipe = recipes.get("ue5m3_b16").for_model(model_layers(name, overrides))
+    captured = exact_share.capture(model, recipe, tokens, keep_operands=lambda layer: _block(layer) in timed_blocks)
+    summary = exact_share.summarise(captured)
+    rows = []
+    for row in (r for r in captured if "operands" in r):
+        (a_q, b_q), config = row["operands"], row["gemm_config"]
+        m, k, n = row["shape"]
+        a16 = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+        b16 = torch.randn(k, n, device=DEVICE, dtype=torch.bfloat16)
+        base = _time(lambda a16=a16, b16=b16: torch.mm(a16, b16), repeats)
+        t = _time(lambda a_q=a_q, b_q=b_q, c=config: run_gemm(a_q, b_q, c, backend="triton"), repeats)
+        share = row["exact"] / max(row["tile_slices"], 1)
+        rows.append(
+            {
+                "case": f"probe_matched captured {name} init {row['layer']} {row['gemm']} {m}x{k}x{n} "
+                f"(exact path on {100 * share:.1f}% of tile-slices)",
+                "seconds": t,
+                "bf16_mm_seconds": base,
+                "x_bf16": t / base,
+                "exact_share": share,
+            }
+        )
+    timed = sum(r["seconds"] for r in rows), sum(r["bf16_mm_seconds"] for r in rows)
+    rows.append(
+        {
+            "case": f"probe_matched captured {name} init, the {len(rows)} GEMMs above together (all "
+            f"{len(captured)} GEMMs of the microbatch: exact path on {100 * summary['share']:.1f}% of tile-slices)",
+            "seconds": timed[0],
+            "x_bf16": timed[0] / timed[1],
+            "captured": {k: summary[k] for k in ("share", "flagged_share", "per_gemm")},
+        }
+    )
+    return rows
+
+
 def compiled_statistics() -> dict:
     """ptxas's statistics of every shipped kernel for this GPU's architecture (Hopper's or Blackwell's tiles), from
     :mod:`ue5m3.numerics.kernels.compiled`: what the timings above ran."""
@@ -516,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
 
     identity = timed("identity", bit_identity, args.quick)
     benchmarks = timed("quantize", bench_quantize, repeats) + timed("gemm", bench_gemm, repeats, args.quick)
+    benchmarks += timed("captured", bench_captured, repeats, args.quick)
     benchmarks += timed("linear", bench_linear, repeats) + timed("step", bench_step, 2 if args.quick else 5)
     hopper = torch.cuda.get_device_capability()[0] == 9
     run_identification = hopper and not args.skip_identification
