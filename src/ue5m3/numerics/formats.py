@@ -29,6 +29,7 @@ hidden state.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -138,8 +139,9 @@ class FloatFormat:
         """Exponent of the smallest normal binade (also the exponent subnormals share)."""
         return 1 - self.bias if self.subnormals else -self.bias
 
-    @property
+    @functools.cached_property
     def max_finite(self) -> float:
+        # cached: the quantizers and the GEMM read it per call, and its exact decode builds Fractions
         return _decode_magnitude(self, self.max_magnitude_code)
 
     @property

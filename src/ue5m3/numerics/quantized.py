@@ -66,7 +66,8 @@ class QuantizedTensor:
         Disjoint from :attr:`zero_rounded_blocks` (a zero scale loses its block too); the two sum to the lost
         blocks."""
         scale = self.scale_values.squeeze(-1)
-        lost = (self.block_amax.squeeze(-1) > 0) & (scale > 0) & (self.payload_blocks == 0).all(-1)
+        all_zero = torch.count_nonzero(self.payload_blocks, dim=-1) == 0  # one pass, no boolean copy of the payload
+        lost = (self.block_amax.squeeze(-1) > 0) & (scale > 0) & all_zero
         return lost.sum()
 
     @property
