@@ -174,6 +174,24 @@ def test_inference_mode_is_forward_only_deterministic_and_draws_no_random_bits()
     assert torch.equal(y1, y2) and y1.shape == (8, 8, 128)
 
 
+def test_a_forward_under_no_grad_makes_no_wgrad_copy_of_x_and_gives_the_same_output(monkeypatch):
+    """Evaluation runs under ``no_grad``, where ``needs_input_grad`` still says the weight wants a gradient: the
+    layer quantizes X for fprop only (no wgrad copy along tokens, nothing packed), with the bits of a grad-mode
+    forward's fprop."""
+    calls = _record_quantizer_calls(monkeypatch)
+    layer, _ = _layer()
+    find_scale_state(layer).begin_step(1)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(3))
+    with_grad = layer(x)
+    made = [c["operand"] for c in calls]
+    assert Operand.WGRAD_ACTIVATION in made
+    calls.clear()
+    with torch.no_grad():
+        without = layer(x)
+    assert [c["operand"] for c in calls] == [Operand.FPROP_ACTIVATION]  # the weight's copy comes from the cache
+    assert torch.equal(with_grad.detach(), without)
+
+
 def test_convert_keeps_the_same_parameters_is_idempotent_and_reports_what_it_did():
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
     params = [id(p) for p in model.parameters()]

@@ -156,6 +156,7 @@ class QuantLinear(nn.Module):
             counts=counts,
             checks=checks,
             sample=sample,
+            backward=torch.is_grad_enabled(),  # evaluation under no_grad makes no wgrad copy of X
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -119,6 +119,8 @@ class LinearCall:
         counts: the layer's int64 [6, 4] accumulator on the operands' device (:mod:`ue5m3.layers.telemetry`).
         checks: the layer's deferred finiteness checks.
         sample: where this call records its scale telemetry (a step the run logs), or None (no sampling).
+        backward: whether a backward pass can follow (grad mode was on when the layer was called). Without one X's
+            wgrad copy is not made: ``needs_input_grad`` still says the weight wants a gradient under ``no_grad``.
     """
 
     policy: LinearPolicy
@@ -132,6 +134,7 @@ class LinearCall:
     counts: torch.Tensor
     checks: OperandChecks
     sample: telemetry.TelemetrySample | None = None
+    backward: bool = True
 
     def operand(self, operand: Operand, reference: torch.Tensor | None) -> OperandCall:
         """The quantization of slot ``operand`` in this call; an RHT copy is scaled by its current amax instead of
@@ -305,7 +308,7 @@ class FP4Matmul(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: LinearCall) -> torch.Tensor:
         # X along in for fprop and, if wgrad will run, along tokens for it (the same reference), quantized now so
         # that the backward holds the packed copy instead of X
-        wgrad = ctx.needs_input_grad[1]
+        wgrad = ctx.needs_input_grad[1] and call.backward
         slots = (Operand.FPROP_ACTIVATION, Operand.WGRAD_ACTIVATION) if wgrad else (Operand.FPROP_ACTIVATION,)
         x_q, *wgrad_x = _quantize(call, x, slots, call.activation_reference)
         # W^T [in, out] along in (2D tiles: W^T's tiles are W's, transposed)
