@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import platform
 import re
@@ -290,14 +291,21 @@ def _block(layer: str) -> int:
     return int(re.search(r"layers\.(\d+)\.", layer).group(1))
 
 
+def _sibling(name: str):
+    """``benchmarks/<name>.py``, beside this script, loaded by its path: nothing is added to ``sys.path``, where the
+    scripts' names (``identify``, ``train``) would shadow other modules."""
+    spec = importlib.util.spec_from_file_location(f"ue5m3_benchmarks_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def bench_captured(repeats: int, quick: bool) -> list[dict]:
     """probe_matched on real operands: one training microbatch of CAPTURED's model at init under ue5m3_b16 on this
     GPU, every FP4 GEMM's operands as the recipe quantizes them (``benchmarks/exact_share.py``'s capture), and the
     GEMMs of its first and last blocks (the last only, ``quick``) timed against a BF16 ``torch.mm`` of their shape,
     each beside its exact-path share."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import exact_share
-
+    exact_share = _sibling("exact_share")
     from ue5m3 import models
     from ue5m3.layers import recipes
     from ue5m3.layers.matmul import run_gemm

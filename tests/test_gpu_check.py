@@ -1,5 +1,7 @@
 """The GPU check's CPU-side behaviour: it fails closed without CUDA and fills the docs section from its JSON."""
 
+import sys
+
 import pytest
 import torch
 
@@ -141,7 +143,9 @@ def test_the_captured_operand_benchmark_runs_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(check, "DEVICE", "cpu")
     overrides = {"vocab_size": 512, "hybrid_override_pattern": "*-M-M-M-M-M-"}
     monkeypatch.setattr(check, "CAPTURED", {"model": "nemotron_h_debug", "overrides": overrides, "sequence": 64})
+    path = list(sys.path)
     rows = check.bench_captured(repeats=1, quick=True)
+    assert sys.path == path  # the sibling script is loaded by its path: benchmarks/ names would shadow modules
     *gemms, together = rows
     assert gemms and all(
         r["case"].startswith("probe_matched captured nemotron_h_debug init backbone.layers.") for r in gemms
