@@ -1,19 +1,23 @@
 """The roofline estimate of one Nemotron-H 8B microbatch per paper recipe and GPU type: an estimate, not a measurement.
 
-    python benchmarks/cost_model.py [--mfu 0.4] [--triton-mma 0.55] [--exact-share 0.0]
+    python benchmarks/cost_model.py [--mfu 0.4] [--triton-mma 0.55] [--exact-share 0.0] [--flagged-share 0.0]
+        [--shares benchmarks/records/exact_share.json --source init]
 
 The model is :mod:`ue5m3.plan.cost` (its docstring says what it charges per FP4 linear); the plan stage uses the same
 code for every job of a config (``snakemake --cores 2 plan --configfile config/paper.yaml``, docs/performance.md).
 This script prints its per-recipe table for one 8,192-token microbatch of the 8B model on each GPU type of
 ``ue5m3/plan/gpus.csv``, with GPU-seconds per step of the paper's 768 x 8,192 tokens and GPU-hours per 30,000-step run
-(compute only; the plan adds the collectives). Changing an efficiency shows the estimate's range.
+(compute only; the plan adds the collectives). Changing an efficiency shows the estimate's range; ``--shares`` takes
+the exact path's two shares from one source of a ``benchmarks/exact_share.py`` record.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
+from pathlib import Path
 
 from ue5m3.plan import cost
 from ue5m3.plan.gpus import gpu_types
@@ -77,14 +81,31 @@ def render_markdown(rows: list[dict], eff: cost.Efficiency | None = None) -> str
     return "\n".join(lines)
 
 
+def measured_shares(record: Path, source: str) -> tuple[float, float]:
+    """(exact share, flagged share) of ``source`` in an exact-share record, naming the file and its sources if it has
+    no such source."""
+    sources = json.loads(record.read_text())["sources"]
+    if source not in sources:
+        raise SystemExit(f"{record}: no source {source!r}; it has {sorted(sources)}")
+    return sources[source]["share"], sources[source]["flagged_share"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = cost.Efficiency()
     parser.add_argument("--mfu", type=float, default=defaults.mfu, help="BF16 step utilisation")
     parser.add_argument("--triton-mma", type=float, default=defaults.triton_mma, help="the fast path's MMA share")
     parser.add_argument("--exact-share", type=float, default=defaults.exact_share, help="tile-slices on the exact path")
+    parser.add_argument("--flagged-share", type=float, default=defaults.flagged_share, help="in exact-kernel tiles")
+    parser.add_argument("--shares", type=Path, help="a benchmarks/exact_share.py record: both shares from --source")
+    parser.add_argument("--source", default="init", help="the record's source (init or a checkpoint path)")
     args = parser.parse_args(argv)
-    eff = dataclasses.replace(defaults, mfu=args.mfu, triton_mma=args.triton_mma, exact_share=args.exact_share)
+    exact, flagged = args.exact_share, args.flagged_share
+    if args.shares is not None:
+        exact, flagged = measured_shares(args.shares, args.source)
+    eff = dataclasses.replace(
+        defaults, mfu=args.mfu, triton_mma=args.triton_mma, exact_share=exact, flagged_share=flagged
+    )
     print(render_markdown(estimate(eff), eff))
     return 0
 

@@ -13,8 +13,8 @@ are drawn uniformly from the vocabulary with a fixed seed (the weights and what 
 measured).
 
 Prints a table per source (exact share per GEMM role, and the layers with the largest shares) and writes every
-layer's count to one JSON file; ``benchmarks/cost_model.py --exact-share FILE`` charges the exact path by it and
-``benchmarks/gpu_check.py`` benchmarks the captured operands' share beside Gaussian ones.
+layer's count to one JSON file; ``benchmarks/cost_model.py --shares FILE --source LABEL`` charges the exact path by
+it and ``benchmarks/gpu_check.py`` benchmarks the captured operands beside Gaussian ones.
 """
 
 from __future__ import annotations

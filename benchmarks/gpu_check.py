@@ -32,7 +32,6 @@ import datetime
 import importlib.util
 import json
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -287,10 +286,6 @@ CAPTURED = {"model": "dense_1p2b", "overrides": {}, "sequence": 4096}
 ``benchmarks/records/exact_share_dense_1p2b_init.json``, at 4,096 tokens). The interpreter test shrinks it."""
 
 
-def _block(layer: str) -> int:
-    return int(re.search(r"layers\.(\d+)\.", layer).group(1))
-
-
 def _sibling(name: str):
     """``benchmarks/<name>.py``, beside this script, loaded by its path: nothing is added to ``sys.path``, where the
     scripts' names (``identify``, ``train``) would shadow other modules."""
@@ -308,6 +303,7 @@ def bench_captured(repeats: int, quick: bool) -> list[dict]:
     exact_share = _sibling("exact_share")
     from ue5m3 import models
     from ue5m3.layers import recipes
+    from ue5m3.layers.linear import layer_index
     from ue5m3.layers.matmul import run_gemm
     from ue5m3.training.config import model_layers
 
@@ -315,10 +311,12 @@ def bench_captured(repeats: int, quick: bool) -> list[dict]:
     model = models.build(name, device="cpu", generator=torch.Generator().manual_seed(0), **overrides).to(DEVICE)
     vocab = overrides.get("vocab_size", models.config(name).vocab_size)
     tokens = torch.randint(0, vocab, (1, sequence + 1), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    blocks = sorted({_block(layer) for layer in models.eligible_linears(model)})
+    blocks = sorted({layer_index(layer) for layer in models.eligible_linears(model)})
     timed_blocks = {blocks[-1]} if quick else {blocks[0], blocks[-1]}
     recipe = recipes.get("ue5m3_b16").for_model(model_layers(name, overrides))
-    captured = exact_share.capture(model, recipe, tokens, keep_operands=lambda layer: _block(layer) in timed_blocks)
+    captured = exact_share.capture(
+        model, recipe, tokens, keep_operands=lambda layer: layer_index(layer) in timed_blocks
+    )
     summary = exact_share.summarise(captured)
     rows = []
     for row in (r for r in captured if "operands" in r):

@@ -2,6 +2,11 @@
 linears as the conversion does and orders the recipes as their operations say (an estimate: no wall time is
 asserted anywhere)."""
 
+import json
+from pathlib import Path
+
+import pytest
+
 from helpers.benchmark_scripts import load_benchmark
 
 
@@ -24,3 +29,33 @@ def test_a_larger_exact_share_costs_more():
     slow = model.cost.Efficiency(exact_share=0.4)
     pick = lambda rows: next(r for r in rows if (r["gpu"], r["recipe"]) == ("H100", "ue5m3_b16"))  # noqa: E731
     assert pick(model.estimate(slow))["microbatch_seconds"] > pick(model.estimate(base))["microbatch_seconds"]
+
+
+def test_the_exact_path_is_charged_by_both_measured_shares_as_docs_say():
+    """Each exact tile-slice at r fast ones, each other tile-slice of a flagged tile at 2: the probe_matched GEMM work
+    grows by f + (r - 2) e (docs/performance.md), whatever the memory-bound rest of the linear costs."""
+    model = load_benchmark("cost_model")
+    cost = model.cost
+    recipe = model.TrainConfig(run_dir="x", model="nemotron_h_8b", recipe="ue5m3_b16", seed=0, steps=1, micro_batch=1,
+                              accumulation=1, data=None).resolved_recipe()  # fmt: skip
+    gpu = model.gpu_types()["H100"]
+
+    def seconds(e: float, f: float) -> float:
+        eff = cost.Efficiency(exact_share=e, flagged_share=f)
+        return cost.linear_seconds(recipe, 8192, 4096, 4096, gpu, eff, native=False)
+
+    fast = seconds(0.0, 1.0) - seconds(0.0, 0.0)  # one more fast pass over every tile-slice
+    charged = seconds(0.25, 0.5) - seconds(0.0, 0.0)
+    assert abs(charged - fast * (0.5 + (cost.EXACT_SLICE_COST - 2) * 0.25)) < 1e-12 * charged
+    assert seconds(0.25, 0.0) == seconds(0.25, 0.25)  # a tile with an exact slice is a flagged tile
+
+
+def test_the_shares_come_from_an_exact_share_record_by_source(capsys):
+    model = load_benchmark("cost_model")
+    record = Path(__file__).parents[1] / "benchmarks" / "records" / "exact_share_dense_1p2b_init.json"
+    sources = json.loads(record.read_text())["sources"]
+    assert model.measured_shares(record, "init") == (sources["init"]["share"], sources["init"]["flagged_share"])
+    with pytest.raises(SystemExit, match=r"exact_share_dense_1p2b_init.json: no source 'step 9'; it has \['init'\]"):
+        model.main(["--shares", str(record), "--source", "step 9"])
+    assert model.main(["--shares", str(record)]) == 0
+    assert "| H100 | ue5m3_b16 |" in capsys.readouterr().out

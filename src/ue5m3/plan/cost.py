@@ -7,8 +7,9 @@ step (:func:`measured_seconds`). What it models, per FP4 linear and microbatch, 
 * ``probe_matched`` (the UE5M3 recipes): per GEMM the preparation pass (read the FP32 payload, write FP16: 6 bytes
   per operand element), the FP16 tensor-core dot of the fast path, and 3 FP32 operations per output and 64-slice
   (two power-of-two shifts, one ``add.rz``) of which half are taken to overlap the MMA; the exact path, charged
-  by its share of tile-slices (``Efficiency.exact_share``) at the GPU's FP64 rate (about 20 FP64 operations per
-  product of an exact tile-slice);
+  by its measured shares (``Efficiency.exact_share`` e, the tile-slices on it; ``Efficiency.flagged_share`` f, the
+  tile-slices in tiles the exact kernel takes): each exact tile-slice at ``EXACT_SLICE_COST`` fast ones, each other
+  tile-slice of a flagged tile at 2 (the exact kernel's sub-tiles), so that work grows by f + (r - 2) e;
 * ``encoded_fp32`` (torch control) and ``decoded`` (MXFP4): FP32 GEMMs with TF32 off, at the FP32 CUDA-core rate;
 * quantization and glue, all memory-bound: the FP32 casts of X and dY, one amax pass each, the two-axis kernel
   (read 4 bytes, write two FP32 payloads), packing X's wgrad copy and unpacking it, the FP32 GEMM outputs and their
@@ -60,6 +61,13 @@ class Efficiency:
     mfu: float = 0.40  # a whole BF16 step (for the part no recipe changes)
     network: float = 0.80  # collectives' share of the link bandwidth
     exact_share: float = 0.0  # share of probe_matched tile-slices on the exact path (Gaussian operands: 0)
+    flagged_share: float = 0.0  # share in tiles the exact kernel takes (at least exact_share: a tile with one)
+
+
+EXACT_SLICE_COST = 20.0
+"""r: an exact tile-slice's time in fast ones. Per output and exact slice the exact kernel runs 4 per-block FP16 dots
+and about 45 FP64 instructions against the fast path's 128 MMA FLOPs: about 16 on H100 and 34 on B200 at 70% of the
+FP64 rate (docs/performance.md); the GPU check's fast-path-off ratio measures it."""
 
 
 @cache
@@ -130,8 +138,9 @@ def linear_seconds(
         prepare = sum(6 * (m * k + k * n) for m, n, k in gemms)
         mma = flops / (gpu.bf16 * eff.triton_mma)
         alu = sum(3 * m * n * k / 64 for m, n, k in gemms) / (gpu.fp32 / 2 * eff.alu)
-        exact = eff.exact_share * sum(20 * m * n * k for m, n, k in gemms) / (gpu.fp64 * eff.alu)
-        return mma + 0.5 * alu + exact + _memory_seconds(glue + prepare, gpu, eff)
+        flagged = max(eff.flagged_share, eff.exact_share)
+        exact_path = 1 + flagged + (EXACT_SLICE_COST - 2) * eff.exact_share
+        return (mma + 0.5 * alu) * exact_path + _memory_seconds(glue + prepare, gpu, eff)
     # encoded_fp32 / decoded: FP32 GEMMs on the CUDA cores, operands materialised in FP32 first
     operands = sum(8 * (m * k + k * n) for m, n, k in gemms)
     return flops / (gpu.fp32 * eff.cublas) + _memory_seconds(glue + operands, gpu, eff)
