@@ -38,7 +38,7 @@ def test_at_the_measured_scale_the_spread_is_held_never_shrunk():
     cpu, gpu = ladder.RUNGS[0], ladder.RUNGS[1]
     at_cpu, at_gpu = ladder.decisions(sizing, summary(cpu), Cfg), ladder.decisions(sizing, summary(gpu), Cfg)
     assert at_cpu["sd_shrunk"] == at_cpu["sd_held"] == pytest.approx(math.hypot(spread.trajectory_sd, 0.01 / 5**0.5))
-    assert at_cpu["held"] == power.seeds_needed(-0.02, at_cpu["sd_held"])  # the CPU rung: the measured effect
+    assert at_cpu["held"] == power.seeds_needed(-0.0384, at_cpu["sd_held"])  # the CPU rung: the paper's effect too
     assert at_gpu["sd_shrunk"] == pytest.approx(0.1 / 5**0.5)  # a GPU rung: shrunk with the window's tokens
     assert at_gpu["held"] == power.seeds_needed(-0.0384, at_gpu["sd_held"])  # and sized for the paper's effect
 
@@ -141,6 +141,21 @@ def test_the_rung_configs_load_whole_and_their_gpu_jobs_pass_the_plans_settings(
 
 
 @pytest.mark.slow
+def test_the_cpu_rung_has_the_seeds_that_find_the_largest_paper_effect():
+    """The CPU rung is sized by power: its seeds reach the held number of the largest paper-sized effect it trains."""
+    sizings = ladder.claim_sizings(
+        pd.read_csv(ladder.CPU_WINDOWS), points=10, tokens_per_point=ladder.CPU_TOKENS_PER_POINT
+    )
+    rung = ladder.RUNGS[0]
+    cfg = rungs.rung_config(rung)
+    summary = rungs.summarize_rung(rung, cfg)
+    sized = [s for s in sizings if s.spread is not None and s.paper_effect is not None and s.window == "training"]
+    largest = max(sized, key=lambda s: abs(s.paper_effect))
+    assert largest.claim.key == "no_rht_with_ue5m3"
+    decided = ladder.decisions(largest, summary, cfg)
+    assert decided["decidable"] == "yes" and decided["held"] <= len(summary.seeds) <= decided["held"] + 2
+
+
 def test_the_docs_hold_the_rendered_ladder():
     """docs/experiments.md's ladder section is what ``ue5m3 ladder`` renders now."""
     doc = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")

@@ -206,8 +206,11 @@ class Rung:
         budget_gpu_hours: the GPU-hours the rung may spend on training (None: CPU, or the paper's own runs).
         command: how to run it.
         effect: the effect each claim is sized for: ``paper`` (the paper's, at 8B) or ``measured`` (the CPU runs'
-            own, for the claims measured at CPU scale: the scale-appropriate size of the effect there); a
-            ``measured`` rung trains at the measured runs' scale, so its spread is held, never shrunk.
+            own, for the claims measured at CPU scale: the scale-appropriate size of the effect there).
+        same_scale: the rung trains at the measured runs' own scale (model, tokens, steps), so its spread is held,
+            never shrunk, and the docs also say what the measured effect itself would need there.
+        wall_s: the rung's measured wall time on its machine (None: not run whole; the CPU rung's time is then an
+            extrapolation from the CPU DAG's time per run).
     """
 
     key: str
@@ -216,16 +219,19 @@ class Rung:
     budget_gpu_hours: float | None
     command: str
     effect: str = "paper"
+    same_scale: bool = False
+    wall_s: float | None = None
 
 
 RUNGS: tuple[Rung, ...] = (
     Rung(
         "cpu",
-        "CPU overnight (2 cores, 8 h)",
+        "CPU, 2 cores (seeds sized for the largest paper effect)",
         ("config/study_cpu.yaml",),
         None,
         "snakemake --cores 2 claims_figures --configfile config/study_cpu.yaml",
-        "measured",
+        "paper",
+        same_scale=True,
     ),
     Rung(
         "gpu_day",
@@ -430,7 +436,7 @@ def decisions(sizing: ClaimSizing, summary: RungSummary, cfg: Any) -> dict[str, 
     sd_held = rung_sd(sizing.spread, window, hold_trajectory=True)
     # at the measured runs' own scale (the CPU rung: their model and tokens, only logged more densely) the trajectory
     # part is a measurement, not an extrapolation: it cannot shrink, so the held number is the only one
-    same_scale = summary.rung.effect == "measured"
+    same_scale = summary.rung.same_scale or summary.rung.effect == "measured"
     sd_shrunk = sd_held if same_scale else rung_sd(sizing.spread, window, hold_trajectory=False)
     effect = effect_for(sizing, summary.rung)
     held = seeds_needed(effect, sd_held, margin=sizing.margin)

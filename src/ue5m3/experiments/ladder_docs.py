@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ue5m3.experiments.ladder import CPU_DAG_SECONDS_PER_RUN, ClaimSizing, RungSummary, decisions, paper_window_sd
-from ue5m3.experiments.power import detectable_effect
+from ue5m3.experiments.power import detectable_effect, seeds_needed
 
 __all__ = ["ladder_table", "power_table", "tables", "write_section", "BEGIN", "END"]
 
@@ -42,6 +42,8 @@ def ladder_table(rows: Sequence[tuple[RungSummary, Mapping[str, Mapping[str, Any
         if summary.gpu:
             per_seed = summary.gpu_hours / len(summary.seeds)
             hours = f"{summary.gpu_hours:,.0f} on {summary.gpu} ({per_seed:,.0f} per seed)"
+        elif summary.rung.wall_s is not None:
+            hours = f"0 ({summary.rung.wall_s / 3600:.1f} h on 2 CPU cores, measured)"
         else:
             hours = f"0 (about {summary.runs * CPU_DAG_SECONDS_PER_RUN / 3600:.1f} h on 2 CPU cores)"
         lines.append(
@@ -110,7 +112,7 @@ def _at_measured_scale(sizings: Sequence[ClaimSizing], rows: Sequence[tuple[Rung
     the measured effect needs more seeds than the rung has, the runs and time that would take."""
     lines = []
     for summary, decided in rows:
-        if summary.rung.effect != "measured" or summary.gpu:
+        if not (summary.rung.same_scale or summary.rung.effect == "measured") or summary.gpu:
             continue
         n = len(summary.seeds)
         for sizing in sizings:
@@ -126,7 +128,7 @@ def _at_measured_scale(sizings: Sequence[ClaimSizing], rows: Sequence[tuple[Rung
                 f"smallest effect found with 80% power is {_fmt(smallest, '{:.4f}') or 'none (one seed)'}; the CPU "
                 f"runs' own effect is {sp.effect:+.4f} and the paper's {_fmt(sizing.paper_effect, '{:+.4f}')}"
             )
-            held = d["held"]
+            held = seeds_needed(sp.effect, d["sd_held"], margin=sizing.margin)  # for the CPU runs' own effect
             if held is not None and held > n:
                 runs = held * len({sizing.claim.treatment, sizing.claim.baseline})
                 hours = runs * CPU_DAG_SECONDS_PER_RUN / 3600
