@@ -138,3 +138,22 @@ def test_probe_matched_kernels_equal_the_torch_path_bit_for_bit(scheme, shape, b
             alpha=float(gemm.alpha(a_q, b_q)),
         )
         assert torch.equal(payload.view(torch.int32), encoded.view(torch.int32))
+
+
+def test_the_kernels_e2m1_packing_is_the_torch_ops_bit_for_bit():
+    """Every E2M1 value pair, signed zeros included, in both nibbles: QuantizedTensor.pack on the C kernel (the CPU
+    default) and with torch ops give the same codes, and each unpacks the other's to the same FP32 bits."""
+    values = formats.decode(torch.arange(16), "e2m1")  # code 8 is -0.0
+    lo, hi = torch.meshgrid(values, values, indexing="ij")
+    payload = torch.stack([lo.reshape(-1), hi.reshape(-1)], dim=-1).reshape(32, 16)  # 32 blocks of 16
+    q = quantize(payload, "ue5m3_b16")
+    q = dataclasses.replace(q, payload_blocks=payload.reshape(q.payload_blocks.shape))
+    on_kernel, on_torch = q.pack(), q.pack(kernel=False)
+    assert torch.equal(on_kernel.payload_codes, on_torch.payload_codes)
+    assert torch.equal(cpu_kernel.pack_e2m1(payload), on_torch.payload_codes.reshape(32, 8))
+    for packed in (on_kernel, on_torch):
+        for kernel in (None, False):
+            out = packed.unpack(kernel=kernel).payload_blocks
+            assert torch.equal(out.view(torch.int32), q.payload_blocks.view(torch.int32))
+    with pytest.raises(ValueError, match="even last dimension"):
+        cpu_kernel.pack_e2m1(torch.zeros(3))

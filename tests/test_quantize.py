@@ -768,12 +768,13 @@ def test_packed_storage_unpacks_to_the_same_bits(scheme, two_d, axis, stale):
     for field in _QUANTIZED_FIELDS:
         assert_same_f32_bits(getattr(u, field), getattr(q, field), field)
     assert torch.equal(u.zero_rounded_blocks, q.zero_rounded_blocks)
+    assert torch.equal(u.underflowed_blocks, q.underflowed_blocks)
     assert_same_f32_bits(u.dequantize(), q.dequantize(), "dequantized")
 
 
 def test_packed_storage_takes_0_8125_bytes_per_element_for_16_element_blocks():
     q = quantize(torch.randn(64, 256), "nvfp4")
-    fixed = 3 * 4 + 2 * 8  # the 0-dim references and counters
+    fixed = 3 * 4 + 3 * 8  # the 0-dim references and counters
     assert q.pack().nbytes - fixed == 64 * 256 * (0.5 + 1 / 16 + 4 / 16)
 
 
@@ -1065,20 +1066,23 @@ def test_empty_tensors_quantize_and_dequantize_to_empty_tensors(scheme, shape, t
     assert q.pack().unpack().dequantize().shape == shape
 
 
-def test_blocks_that_underflow_the_scale_range_are_counted():
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_blocks_that_underflow_the_scale_range_are_counted(backend):
     """NVFP4 of a tensor at 1e-40 (FP32 subnormals): the scales are nonzero but every element rounds to zero. The
-    same block beside larger values gets a zero scale instead: counted as zero-rounded, never twice."""
+    same block beside larger values gets a zero scale instead: counted as zero-rounded, never twice. The torch path
+    counts from the payload, the C kernel (``auto`` here) as it writes it; the packed form keeps the count."""
     tiny = torch.full((4, 32), 1e-40)
-    q = quantize(tiny, "nvfp4")
+    q = quantize(tiny, "nvfp4", backend=backend)
     assert (int(q.underflowed_blocks), int(q.zero_rounded_blocks)) == (8, 0)
+    assert int(q.pack().unpack().underflowed_blocks) == 8
     assert torch.all(q.dequantize() == 0)
     mixed = torch.randn(4, 32)
     mixed[1, :16] = 1e-40
-    q = quantize(mixed, "nvfp4")
+    q = quantize(mixed, "nvfp4", backend=backend)
     assert (int(q.underflowed_blocks), int(q.zero_rounded_blocks)) == (0, 1)
-    assert int(quantize(torch.randn(4, 32), "nvfp4").underflowed_blocks) == 0
+    assert int(quantize(torch.randn(4, 32), "nvfp4", backend=backend).underflowed_blocks) == 0
     mixed[1, :16] = 0.0  # an all-zero block loses nothing
-    assert int(quantize(mixed, "nvfp4").underflowed_blocks) == 0
+    assert int(quantize(mixed, "nvfp4", backend=backend).underflowed_blocks) == 0
 
 
 def test_a_tensor_reference_for_a_scheme_without_a_tensor_scale_is_refused():

@@ -53,3 +53,4 @@ def assert_same_quantized(a, b) -> None:
     assert torch.equal(a.tensor_amax, b.tensor_amax), "tensor_amax"
     assert int(a.zero_rounded_blocks) == int(b.zero_rounded_blocks), "zero_rounded_blocks"
     assert int(a.saturated_blocks) == int(b.saturated_blocks), "saturated_blocks"
+    assert int(a.underflowed_blocks) == int(b.underflowed_blocks), "underflowed_blocks"

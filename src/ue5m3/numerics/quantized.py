@@ -54,6 +54,9 @@ class QuantizedTensor:
     payload_blocks: torch.Tensor  # (..., n_blocks, block) element values, FP32
     zero_rounded_blocks: torch.Tensor  # 0-dim int64: scales that rounded to zero (before repair)
     saturated_blocks: torch.Tensor  # 0-dim int64: ideal scales above the scale format's max
+    # 0-dim int64 :attr:`underflowed_blocks` where the quantizer counted them as it wrote the payload (the C kernel);
+    # None: counted from the payload when asked
+    lost_blocks: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -65,6 +68,8 @@ class QuantizedTensor:
         values are lost: a block amax below what the scale and the FP32 reciprocal reach, about 1e-38 for NVFP4).
         Disjoint from :attr:`zero_rounded_blocks` (a zero scale loses its block too); the two sum to the lost
         blocks."""
+        if self.lost_blocks is not None:
+            return self.lost_blocks
         scale = self.scale_values.squeeze(-1)
         all_zero = torch.count_nonzero(self.payload_blocks, dim=-1) == 0  # one pass, no boolean copy of the payload
         lost = (self.block_amax.squeeze(-1) > 0) & (scale > 0) & all_zero
@@ -128,12 +133,17 @@ class QuantizedTensor:
         """The storage form (element codes two per byte, scale codes one per byte): what a training step keeps
         between the forward and the backward pass; :meth:`PackedQuantized.unpack` gives these bits back.
         ``kernel``: pack E2M1 payloads with the Triton kernel (one pass; default: where the Triton backend is the
-        device's default, CUDA or a plan on ``meta``), or with torch ops (False); the same bits."""
+        device's default, CUDA or a plan on ``meta``; the C kernel on the CPU where it builds), or with torch ops
+        (False); the same bits."""
         element, scale = self.scheme.element, self.scheme.scale
         if _packs_on_triton(element, self.payload_blocks.device, kernel):
             from ue5m3.numerics.kernels import triton_pack
 
             payload = triton_pack.pack_e2m1(self.payload_blocks)
+        elif _packs_on_cpu_kernel(element, self.payload_blocks.device, kernel):
+            from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+            payload = cpu_kernel.pack_e2m1(self.payload_blocks)
         else:
             payload = (
                 formats.e2m1_codes(self.payload_blocks)
@@ -145,7 +155,8 @@ class QuantizedTensor:
         scales = self.scale_values
         if scale.bits <= 8:
             scales = formats.codes_of_values(scales, scale).to(torch.uint8)
-        return PackedQuantized(scale_codes=scales, payload_codes=payload, **_shared_fields(self))
+        shared = {**_shared_fields(self), "lost_blocks": self.underflowed_blocks}  # counted once, kept with the codes
+        return PackedQuantized(scale_codes=scales, payload_codes=payload, **shared)
 
     def diagnostics(self) -> dict[str, float | int]:
         return {
@@ -175,6 +186,7 @@ class PackedQuantized:
     payload_codes: torch.Tensor  # (..., n_blocks, block / 2) uint8, element 2i in the low nibble (FP4 elements)
     zero_rounded_blocks: torch.Tensor
     saturated_blocks: torch.Tensor
+    lost_blocks: torch.Tensor  # 0-dim int64: the quantized tensor's underflowed_blocks
 
     _TENSORS = (
         "tensor_amax",
@@ -185,6 +197,7 @@ class PackedQuantized:
         "payload_codes",
         "zero_rounded_blocks",
         "saturated_blocks",
+        "lost_blocks",
     )
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -205,6 +218,10 @@ class PackedQuantized:
             from ue5m3.numerics.kernels import triton_pack
 
             payload = triton_pack.unpack_e2m1(codes)
+        elif _packs_on_cpu_kernel(element, codes.device, kernel):
+            from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+            payload = cpu_kernel.unpack_e2m1(codes)
         else:
             if element.bits <= 4:  # (..., block/2) -> (..., block/2, 2) -> (..., block)
                 codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
@@ -228,6 +245,16 @@ def _packs_on_triton(element: FloatFormat, device: torch.device, kernel: bool | 
     return kernel is True or triton_by_default(device)
 
 
+def _packs_on_cpu_kernel(element: FloatFormat, device: torch.device, kernel: bool | None) -> bool:
+    """Whether the C kernel packs and unpacks this payload: E2M1 on the CPU by default (``kernel=None``) where the
+    kernel builds; ``kernel=False`` keeps the torch ops (the same bits)."""
+    if element.name != "e2m1" or kernel is not None or device.type != "cpu":
+        return False
+    from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+    return cpu_kernel.available()
+
+
 _SHARED_FIELDS = (
     "scheme",
     "rounding",
@@ -238,6 +265,7 @@ _SHARED_FIELDS = (
     "block_amax",
     "zero_rounded_blocks",
     "saturated_blocks",
+    "lost_blocks",
 )
 
 

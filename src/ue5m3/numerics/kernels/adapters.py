@@ -127,6 +127,7 @@ def _from_kernel(
         payload_blocks=out["payload"].reshape(block_view),
         zero_rounded_blocks=(flags & 1).sum(dtype=torch.int64),
         saturated_blocks=((flags >> 1) & 1).sum(dtype=torch.int64),
+        lost_blocks=out.get("lost_blocks"),  # the C kernel counts underflowed blocks as it writes them
     )
 
 

@@ -32,6 +32,8 @@ __all__ = [
     "quantize_blocks",
     "probe_gemm",
     "probe_gemm_payload",
+    "pack_e2m1",
+    "unpack_e2m1",
     "has_payload_gemm",
     "gemm_vector_bits",
     "CompileError",
@@ -79,6 +81,9 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     payload = lib.ue5m3_probe_gemm_payload
     payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p]
     payload.restype = ctypes.c_int
+    for name in ("ue5m3_pack_e2m1", "ue5m3_unpack_e2m1"):
+        getattr(lib, name).argtypes = [p, i64, p]
+        getattr(lib, name).restype = None
     lib.ue5m3_has_payload_gemm.restype = ctypes.c_int
     lib.ue5m3_gemm_vector_bits.restype = ctypes.c_int
     return lib
@@ -120,6 +125,27 @@ def available(isa: str | None = None) -> bool:
             stacklevel=2,
         )
     return reason is None
+
+
+def pack_e2m1(payload: torch.Tensor) -> torch.Tensor:
+    """E2M1 values (FP32, CPU, an even last dimension) as codes two per byte along the last axis, element 2i in the
+    low nibble: :meth:`QuantizedTensor.pack`'s torch ops in one pass, the same bits."""
+    if payload.dtype != torch.float32 or payload.device.type != "cpu" or payload.shape[-1] % 2:
+        raise ValueError("pack_e2m1 takes FP32 CPU E2M1 values with an even last dimension")
+    payload = payload.contiguous()
+    out = torch.empty(*payload.shape[:-1], payload.shape[-1] // 2, dtype=torch.uint8)
+    load().ue5m3_pack_e2m1(payload.data_ptr(), out.numel(), out.data_ptr())
+    return out
+
+
+def unpack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """The E2M1 values (FP32) of codes packed by :func:`pack_e2m1`, twice as long along the last axis."""
+    if codes.dtype != torch.uint8 or codes.device.type != "cpu":
+        raise ValueError("unpack_e2m1 takes uint8 CPU codes")
+    codes = codes.contiguous()
+    out = torch.empty(*codes.shape[:-1], 2 * codes.shape[-1], dtype=torch.float32)
+    load().ue5m3_unpack_e2m1(codes.data_ptr(), codes.numel(), out.data_ptr())
+    return out
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -205,7 +231,8 @@ def quantize_blocks(
         tensor_amax,
         target_f,
     )
-    return {"payload": payload, "flags": flags, **per_block}
+    lost = ((flags >> 2) & 1).sum(dtype=torch.int64)  # QuantizedTensor.underflowed_blocks, from the kernel's bit 2
+    return {"payload": payload, "flags": flags, "lost_blocks": lost, **per_block}
 
 
 def probe_gemm(

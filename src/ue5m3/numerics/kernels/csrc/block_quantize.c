@@ -117,7 +117,8 @@ static float candidate_error(const float *xb, int64_t L, float scale, float glob
 /* Quantize nblocks contiguous blocks of length L.
  *
  * x: input (nblocks * L); payload: E2M1 values out; block_amax, scale_values, decode_scales: per-block outputs;
- * flags: per block, bit 0 = scale rounded to zero before repair, bit 1 = ideal scale saturated.
+ * flags: per block, bit 0 = scale rounded to zero before repair, bit 1 = ideal scale saturated, bit 2 = the block
+ * underflowed (a nonzero amax and a nonzero scale, and every payload element zero: its values are lost).
  * Stochastic modes take explicit random_bits (nblocks * L) or, when that is NULL, draw Philox bits of `stream`
  * at each element's global index base[b] + (p / inner_len) * outer_stride + (p % inner_len) * inner_stride.
  */
@@ -279,5 +280,36 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule,
                            filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0,
                            inner_len, inner_stride, outer_stride, payload + b * L, block_amax + b,
                            scale_values + b, decode_scales + b, flags + b, selection, tensor_amax, target_f);
+        for (int64_t b = b0; b < b1; ++b) { /* bit 2 from the block just written (still in cache) */
+            const float *pb = payload + b * L;
+            int nonzero = 0;
+            for (int64_t i = 0; i < L; ++i) nonzero |= pb[i] != 0.0f;
+            if (!nonzero && block_amax[b] > 0.0f && scale_values[b] > 0.0f) flags[b] |= 4;
+        }
+    }
+}
+
+/* E2M1 storage form (QuantizedTensor.pack / PackedQuantized.unpack): codes two per byte, element 2i in the low
+ * nibble, sign in bit 3. The codes are formats.e2m1_codes' (a table on the truncated 2|v| of an E2M1 value, the sign
+ * from its sign bit, -0.0 included); decoding is the E2M1 value table, code 8 being -0.0. */
+static const uint8_t e2m1_code_of_twice[13] = {0, 1, 2, 3, 4, 0, 5, 0, 6, 0, 0, 0, 7};
+static const float e2m1_values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static inline uint8_t e2m1_code(float v) {
+    uint32_t b = bits_of(v);
+    int twice = (int)(float_of(b & 0x7FFFFFFFu) * 2.0f); /* E2M1 values: 0..12, exact */
+    return (uint8_t)(e2m1_code_of_twice[twice] | ((b >> 31) << 3));
+}
+
+void ue5m3_pack_e2m1(const float *payload, int64_t pairs, uint8_t *out) {
+    for (int64_t p = 0; p < pairs; ++p)
+        out[p] = (uint8_t)(e2m1_code(payload[2 * p]) | (e2m1_code(payload[2 * p + 1]) << 4));
+}
+
+void ue5m3_unpack_e2m1(const uint8_t *codes, int64_t pairs, float *out) {
+    for (int64_t p = 0; p < pairs; ++p) {
+        out[2 * p] = e2m1_values[codes[p] & 0x0F];
+        out[2 * p + 1] = e2m1_values[codes[p] >> 4];
     }
 }
