@@ -157,3 +157,31 @@ def test_the_kernels_e2m1_packing_is_the_torch_ops_bit_for_bit():
             assert torch.equal(out.view(torch.int32), q.payload_blocks.view(torch.int32))
     with pytest.raises(ValueError, match="even last dimension"):
         cpu_kernel.pack_e2m1(torch.zeros(3))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES[:8], ids=lambda s: f"{s.name}-{s.scale_order}-{s.scale_rule}")
+@pytest.mark.parametrize("b_two_d", [False, True])
+def test_the_kernels_slice_span_check_is_the_torch_spans_largest_per_row_and_column(scheme, b_two_d):
+    """The probe-matched GEMM's exactness check: per A row and B column the C pass gives the largest slice span of
+    gemm._span_bits (zero blocks, rows 60 decades apart, ragged columns of 2D tiles), and the scale extremes are the
+    largest and smallest positive scale."""
+    a = _hard_tensor(seed=11, rows=24, cols=256)
+    b = _hard_tensor(seed=12, rows=256, cols=72 if b_two_d else 40)
+    b[:, 3] = 0.0
+    a_q = quantize(a, scheme, axis=-1)
+    if b_two_d and scheme.block_size != 16:
+        pytest.skip("2D tiles of 16 only")
+    b_q = quantize(b, scheme, axis=0, two_d=b_two_d)
+    block, n = scheme.block_size, b.shape[1]
+    for width in {64, 128} - ({64} if block > 64 else set()):
+        want_a = gemm._span_bits(a_q, "A", block, width, n).amax(1)
+        want_b = gemm._span_bits(b_q, "B", block, width, n).amax(0)
+        assert torch.equal(gemm._span_max(a_q, "A", block, width, n), want_a.to(torch.int32))
+        assert torch.equal(gemm._span_max(b_q, "B", block, width, n), want_b.to(torch.int32))
+    scales = torch.cat([a_q.scale_values.flatten(), b_q.scale_values.flatten()])
+    positive = scales[scales > 0]
+    assert cpu_kernel.scale_extremes(a_q.scale_values, b_q.scale_values) == (
+        float(positive.max()),
+        float(positive.min()),
+    )
+    assert cpu_kernel.scale_extremes(torch.zeros(4)) == (0.0, 0.0)

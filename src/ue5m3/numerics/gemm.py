@@ -148,6 +148,27 @@ def _span_bits(q: QuantizedTensor, operand: str, block: int, width: int, n: int)
     return span if operand == "A" else span.t()
 
 
+def _span_max(q: QuantizedTensor, operand: str, block: int, width: int, n: int) -> torch.Tensor:
+    """The largest of :func:`_span_bits` over the slices of each A row or B column (int32 [rows] or [n]), computed
+    by the C kernel from the same per-block data."""
+    scales = q.scales.to(torch.float32).contiguous()
+    amax = q.layout.scales_from_blocks(q.block_amax).contiguous()
+    row_div = 1
+    if operand == "B":  # [K/B, cols] -> the A-like layout [cols, K/B] (a view); 2D tiles: one grid row per block
+        scales, amax = scales.t(), amax.t()
+        row_div = block if q.layout.two_d else 1
+    rows = scales.shape[0] if operand == "A" else n
+    return cpu_kernel.slice_span_max(
+        scales,
+        amax,
+        rows=rows,
+        row_div=row_div,
+        per_slice=width // block,
+        element_max=q.scheme.element.max_finite,
+        mbits=q.scheme.scale.mantissa_bits,
+    )
+
+
 def _encoded_fp64(twice_payload: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Exact encoded values payload * scale in FP64, formed in FP32 unless a scale is huge: (2p) * s * 0.5 has at
     most 8 significant bits and, for scales >= 2^-127, is a multiple of 2^-149, so only overflow can be inexact."""
@@ -349,10 +370,8 @@ def _probe_kernel(
 ) -> torch.Tensor:
     """The fused probe_matched GEMM: the FP32 payload kernel where it applies (AVX2, blocks of 16 or 32, scales
     within 2^+-100 so every FP32 product and sub-block sum stays normal and exact), else the FP64 encoded one."""
-    nonzero = torch.cat([a_q.scale_values.flatten(), b_q.scale_values.flatten()])
-    nonzero = nonzero[nonzero > 0]
-    largest = float(nonzero.max()) if nonzero.numel() else 1.0
-    in_range = largest <= 2.0**100 and (float(nonzero.min()) >= 2.0**-100 if nonzero.numel() else True)
+    largest, smallest = cpu_kernel.scale_extremes(a_q.scale_values, b_q.scale_values)  # positive ones; 0: none
+    in_range = largest <= 2.0**100 and (smallest == 0.0 or smallest >= 2.0**-100)
     if cpu_kernel.has_payload_gemm() and block % 16 == 0 and not a_q.layout.two_d and in_range:
         return cpu_kernel.probe_gemm_payload(
             a_q.payload,
@@ -537,13 +556,12 @@ def _matmul(
     if model is OutputModel.PROBE_MATCHED and _use_kernel(backend, model, a_q.payload_blocks, b_q.payload_blocks):
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
-        span_a = _span_bits(a_q, "A", block, slice_width, n)
-        span_b = _span_bits(b_q, "B", block, slice_width, n)
-        bad_rows = torch.nonzero((span_a > row_budget).any(1)).flatten()
-        bad_cols = torch.nonzero((span_b > 53 - guard - row_budget).any(0)).flatten()
+        # the per-block span check in one C pass per operand (the largest slice span of each row and column)
+        bad_rows = torch.nonzero(_span_max(a_q, "A", block, slice_width, n) > row_budget).flatten()
+        bad_cols = torch.nonzero(_span_max(b_q, "B", block, slice_width, n) > 53 - guard - row_budget).flatten()
         out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():
-            ops = _exact_operands(a_q, b_q, block, slice_width, spans=(span_a, span_b))
+            ops = _exact_operands(a_q, b_q, block, slice_width)
             if bad_rows.numel():
                 out[bad_rows] = (
                     _probe_matched_rows(

@@ -34,6 +34,8 @@ __all__ = [
     "probe_gemm_payload",
     "pack_e2m1",
     "unpack_e2m1",
+    "slice_span_max",
+    "scale_extremes",
     "has_payload_gemm",
     "gemm_vector_bits",
     "CompileError",
@@ -84,6 +86,11 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     for name in ("ue5m3_pack_e2m1", "ue5m3_unpack_e2m1"):
         getattr(lib, name).argtypes = [p, i64, p]
         getattr(lib, name).restype = None
+    spans = lib.ue5m3_slice_span_max
+    spans.argtypes = [p, p, i64, i64, i64, i64, i64, i64, ctypes.c_double, i32, p]
+    spans.restype = None
+    lib.ue5m3_scale_extremes.argtypes = [p, i64, p]
+    lib.ue5m3_scale_extremes.restype = None
     lib.ue5m3_has_payload_gemm.restype = ctypes.c_int
     lib.ue5m3_gemm_vector_bits.restype = ctypes.c_int
     return lib
@@ -274,6 +281,49 @@ def probe_gemm(
     if status:
         raise MemoryError("probe_gemm could not allocate its packed operands")
     return out
+
+
+def slice_span_max(
+    scales: torch.Tensor, amax: torch.Tensor, *, rows: int, row_div: int, per_slice: int, element_max: float, mbits: int
+) -> torch.Tensor:
+    """Per row of the GEMM operand (an A row, or a B column), the largest bit span over its K slices (int32
+    [rows]): the maximum over slices of :func:`ue5m3.numerics.gemm._span_bits` in one pass. ``scales`` and
+    ``amax`` are FP32 [grid rows, K blocks] views with the same strides; row r reads grid row r // ``row_div``."""
+    if scales.shape != amax.shape or scales.stride() != amax.stride() or scales.ndim != 2:
+        raise ValueError("slice_span_max takes scales and block maxima of one 2-D shape and strides")
+    if scales.dtype != torch.float32 or amax.dtype != torch.float32 or scales.shape[1] % per_slice:
+        raise ValueError("slice_span_max takes FP32 grids of whole slices")
+    out = torch.empty(rows, dtype=torch.int32)
+    load().ue5m3_slice_span_max(
+        scales.data_ptr(),
+        amax.data_ptr(),
+        rows,
+        scales.shape[1],
+        scales.stride(0),
+        scales.stride(1),
+        row_div,
+        per_slice,
+        float(element_max),
+        mbits,
+        out.data_ptr(),
+    )
+    return out
+
+
+def scale_extremes(*scales: torch.Tensor) -> tuple[float, float]:
+    """The largest and the smallest positive value over FP32 block-scale tensors ((0, 0) where none is
+    positive), read in one pass each."""
+    largest, smallest = 0.0, 0.0
+    out = torch.empty(2, dtype=torch.float32)
+    for s in scales:
+        if s.dtype != torch.float32 or s.device.type != "cpu":
+            raise ValueError("scale_extremes takes FP32 CPU scales")
+        s = s.contiguous()
+        load().ue5m3_scale_extremes(s.data_ptr(), s.numel(), out.data_ptr())
+        high, low = out.tolist()
+        largest = max(largest, high)
+        smallest = low if smallest == 0.0 else (min(smallest, low) if low > 0 else smallest)
+    return largest, smallest
 
 
 def has_payload_gemm() -> bool:

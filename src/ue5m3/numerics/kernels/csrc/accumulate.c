@@ -465,3 +465,48 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
 int ue5m3_has_payload_gemm(void) { return UE5M3_AVX2; }
 /* The vector width of the probe-matched GEMM's micro-kernels: 512 (AVX-512), 256 (AVX2 + FMA), 0 (portable). */
 int ue5m3_gemm_vector_bits(void) { return UE5M3_AVX512 ? 512 : UE5M3_AVX2 ? 256 : 0; }
+
+/* The probe-matched GEMM's exactness check from per-block data only (gemm._span_bits, the same arithmetic): per
+ * row of a [rows, nblocks] grid of block scales (an A row, or a B column), the largest over its K slices of
+ * per_slice blocks of the bit span lead - lowest, where a block with a nonzero amax has lead = frexp exponent of
+ * scale * element_max and lowest = frexp exponent of scale - 2 - mbits; 0 where a slice has no such block.
+ * Row r reads the block scales of grid row r / row_div (2D tiles give one grid row per `block` columns);
+ * scales and amax share the strides. */
+void ue5m3_slice_span_max(const float *scales, const float *amax, int64_t rows, int64_t nblocks, int64_t row_stride,
+                          int64_t block_stride, int64_t row_div, int64_t per_slice, double element_max, int mbits,
+                          int32_t *row_max) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t base = (r / row_div) * row_stride;
+        int32_t largest = 0;
+        for (int64_t j0 = 0; j0 < nblocks; j0 += per_slice) {
+            int32_t hi = -(1 << 20), lo = 1 << 20;
+            for (int64_t j = j0; j < j0 + per_slice; ++j) {
+                const int64_t at = base + j * block_stride;
+                if (!(amax[at] > 0.0f)) continue;
+                const double s = (double)scales[at];
+                int lead, exponent;
+                frexp(s * element_max, &lead);
+                frexp(s, &exponent);
+                if (lead > hi) hi = lead;
+                if (exponent - 2 - mbits < lo) lo = exponent - 2 - mbits;
+            }
+            const int32_t span = hi - lo > 0 ? hi - lo : 0;
+            if (span > largest) largest = span;
+        }
+        row_max[r] = largest;
+    }
+}
+
+/* The largest and the smallest positive of n block scales (0 and 0 when none is positive): whether every FP32
+ * product and sub-block sum of the payload GEMM stays normal. */
+void ue5m3_scale_extremes(const float *scales, int64_t n, float *out) {
+    float largest = 0.0f, smallest = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float s = scales[i];
+        if (!(s > 0.0f)) continue;
+        if (s > largest) largest = s;
+        if (smallest == 0.0f || s < smallest) smallest = s;
+    }
+    out[0] = largest;
+    out[1] = smallest;
+}
