@@ -185,3 +185,24 @@ def test_the_kernels_slice_span_check_is_the_torch_spans_largest_per_row_and_col
         float(positive.min()),
     )
     assert cpu_kernel.scale_extremes(torch.zeros(4)) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [get_scheme("ue5m3_b16"), get_scheme("nvfp4"), get_scheme("mxfp4"), get_scheme("nvfp4_4over6_mse")],
+    ids=lambda s: s.name,
+)
+@pytest.mark.parametrize("rounding", ["rne", "sf", "sr_te"])
+def test_the_kernel_reads_a_transposed_operands_blocks_in_place_to_the_same_bits(scheme, rounding):
+    """dY^T and W^T along tokens: the blocks of a transposed view are read in place (strided), the Philox stream's
+    bits drawn at the same global indices; equal to the torch path and to the contiguous copy's quantization."""
+    from ue5m3.numerics import philox
+
+    x = _hard_tensor(seed=21, rows=96, cols=64)
+    stream = (
+        philox.RandomStream(7, "layers.0.mlp.up_proj", "wgrad_upstream_gradient", 3, 1) if rounding != "rne" else None
+    )
+    common = dict(rounding=rounding, stream=stream, axis=-1, name="dy_t")
+    on_kernel = quantize(x.t(), scheme, backend="cpu_kernel", **common)
+    assert_same_quantized(quantize(x.t(), scheme, backend="torch", **common), on_kernel)
+    assert_same_quantized(quantize(x.t().contiguous(), scheme, backend="cpu_kernel", **common), on_kernel)

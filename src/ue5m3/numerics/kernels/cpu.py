@@ -73,7 +73,7 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
         return CompileError(f"loading the fused C kernel failed: {err}")
     fn = lib.ue5m3_quantize_blocks
     p, i64, i32, u32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32, ctypes.c_float
-    fn.argtypes = [p, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p]
+    fn.argtypes = [p, i64, i64, i64, i64, i64, i64, i32, i32, f32, f32, f32, f32, i32, i32, i32, i32, i32, p]
     fn.argtypes += [i32, u32, u32, u32, u32, i32, p, i64, i64, i64, p, p, p, p, p]
     fn.argtypes += [i32, f32, f32]  # 4/6: the selection, the tensor reference g and T * F
     fn.restype = None
@@ -155,6 +155,9 @@ def unpack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_MAX_GATHERED = 512  # csrc/block_quantize.c's MAX_GATHERED: longer blocks of a strided view are copied first
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -179,20 +182,28 @@ def quantize_blocks(
     tensor_amax: float = 0.0,
     target_f: float = 1.0,
 ) -> dict[str, torch.Tensor]:
-    """Quantize contiguous FP32 blocks ``(n_blocks, L)``; returns the per-element and per-block outputs.
+    """Quantize FP32 blocks ``(n_blocks, L)``, or a strided block view ``(A, B, L)`` read in place (blocks in row-major
+    order of its first two axes); returns the per-element outputs as ``(n_blocks, L)`` and the per-block ones.
 
     Stochastic modes take explicit ``random_bits`` (shaped like ``blocks``) or ``philox`` = (stream, block base
     indices [n_blocks] int64, inner length, inner stride, outer stride): the kernel then draws the stream's
     Philox bits at each element's global index itself (see ``csrc/philox.h``). The 4/6 rule also takes its
     ``selection``, the tensor reference ``tensor_amax`` and ``target_f`` = T * F (blocks of 16 or 256).
     """
-    if blocks.dtype != torch.float32 or blocks.device.type != "cpu" or blocks.ndim != 2:
-        raise ValueError("the CPU kernel takes a 2-D FP32 CPU tensor of blocks")
-    blocks = blocks.contiguous()
-    nblocks, length = blocks.shape
+    if blocks.dtype != torch.float32 or blocks.device.type != "cpu" or blocks.ndim not in (2, 3):
+        raise ValueError("the CPU kernel takes a 2-D or 3-D FP32 CPU tensor of blocks")
+    if blocks.ndim == 3 and blocks.shape[-1] > _MAX_GATHERED:
+        blocks = blocks.reshape(-1, blocks.shape[-1])
+    if blocks.ndim == 2:
+        blocks = blocks.contiguous()
+        view = (blocks.shape[0], 0, blocks.shape[1], 1)  # (inner blocks, stride_a, stride_b, stride_l)
+    else:  # (A, B, L) read in place, e.g. the blocks along tokens of a transposed operand: no gathered copy
+        view = (blocks.shape[1], *blocks.stride())
+    length = blocks.shape[-1]
+    nblocks = blocks.numel() // length if length else 0
     if rule == "four_over_six" and length not in (16, 256):
         raise ValueError(f"the CPU kernel's 4/6 rule takes blocks of 16 or 256 elements, got {length}")
-    payload = torch.empty_like(blocks)
+    payload = torch.empty(nblocks, length, dtype=torch.float32)
     per_block = {k: torch.empty(nblocks, dtype=torch.float32) for k in ("block_amax", "scales", "decode")}
     flags = torch.empty(nblocks, dtype=torch.uint8)
     if random_bits is not None:
@@ -207,6 +218,7 @@ def quantize_blocks(
         blocks.data_ptr(),
         nblocks,
         length,
+        *view,
         _RULE_IDS[rule],
         _ORDER_IDS[order],
         global_scale,

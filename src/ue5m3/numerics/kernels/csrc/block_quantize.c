@@ -249,7 +249,14 @@ static void quantize_block(const float *xb, int64_t L, int rule, int order, floa
     }
 }
 
-void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule, int order, float global_scale,
+/* x is read as a strided block view (A, B, L): block b starts at (b / B) * stride_a + (b % B) * stride_b and its
+ * elements lie stride_l apart (a transposed operand's blocks along tokens, read in place); stride_l == 1 and
+ * stride_b == L with B == nblocks is the contiguous case. Blocks of a strided view are gathered first, so every
+ * operation after the read is the contiguous one. */
+#define MAX_GATHERED 512
+
+void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int64_t inner_blocks, int64_t stride_a,
+                           int64_t stride_b, int64_t stride_l, int rule, int order, float global_scale,
                            float global_decode_scale, float per_tensor, float target_scale_max, int scale_mbits,
                            int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *random_bits,
                            int use_philox, uint32_t k0, uint32_t k1, uint32_t step, uint32_t microbatch,
@@ -264,6 +271,7 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule,
     for (int64_t g = 0; g < groups; ++g) {
         int64_t b0 = g * GROUP, b1 = b0 + GROUP < nblocks ? b0 + GROUP : nblocks;
         uint32_t words[4 * PHILOX_MAX_COUNTERS];
+        float gathered[MAX_GATHERED];
         /* Fast path: the group's elements have consecutive global indices starting on a counter boundary, so
          * one vectorised fill serves every block of the group. */
         int filled = 0;
@@ -273,13 +281,19 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int rule,
             for (int64_t b = b0 + 1; b < b1 && filled; ++b) filled = block_base[b] == block_base[b0] + (b - b0) * L;
             if (filled) philox_fill(sp, (uint64_t)(block_base[b0] / per), (int)((b1 - b0) * L / per), words);
         }
-        for (int64_t b = b0; b < b1; ++b)
-            quantize_block(x + b * L, L, rule, order, global_scale, global_decode_scale, per_tensor,
+        for (int64_t b = b0; b < b1; ++b) {
+            const float *xb = x + (b / inner_blocks) * stride_a + (b % inner_blocks) * stride_b;
+            if (stride_l != 1) {
+                for (int64_t i = 0; i < L; ++i) gathered[i] = xb[i * stride_l];
+                xb = gathered;
+            }
+            quantize_block(xb, L, rule, order, global_scale, global_decode_scale, per_tensor,
                            target_scale_max, scale_mbits, scale_emin, scale_emax, zero_repair, mode,
                            random_bits ? random_bits + b * L : NULL,
                            filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0,
                            inner_len, inner_stride, outer_stride, payload + b * L, block_amax + b,
                            scale_values + b, decode_scales + b, flags + b, selection, tensor_amax, target_f);
+        }
         for (int64_t b = b0; b < b1; ++b) { /* bit 2 from the block just written (still in cache) */
             const float *pb = payload + b * L;
             int nonzero = 0;
