@@ -140,7 +140,6 @@ def test_the_rung_configs_load_whole_and_their_gpu_jobs_pass_the_plans_settings(
             assert all(job.gpus_per_node and job.partition == "gpu" for job in plan.jobs if job.kind == "train")
 
 
-@pytest.mark.slow
 def test_the_cpu_rung_has_the_seeds_that_find_the_largest_paper_effect():
     """The CPU rung is sized by power: its seeds reach the held number of the largest paper-sized effect it trains."""
     sizings = ladder.claim_sizings(
@@ -156,6 +155,7 @@ def test_the_cpu_rung_has_the_seeds_that_find_the_largest_paper_effect():
     assert decided["decidable"] == "yes" and decided["held"] <= len(summary.seeds) <= decided["held"] + 2
 
 
+@pytest.mark.slow
 def test_the_docs_hold_the_rendered_ladder():
     """docs/experiments.md's ladder section is what ``ue5m3 ladder`` renders now."""
     doc = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
