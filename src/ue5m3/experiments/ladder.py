@@ -232,6 +232,7 @@ RUNGS: tuple[Rung, ...] = (
         "snakemake --cores 2 claims_figures --configfile config/study_cpu.yaml",
         "paper",
         same_scale=True,
+        wall_s=4712.0,  # docs/experiments.md: 1 h 18 min 32 s on 2 cores shared with a test session (an upper bound)
     ),
     Rung(
         "gpu_day",
