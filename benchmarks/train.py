@@ -1,11 +1,17 @@
 """Training throughput and peak memory per recipe against BF16, at CPU scale.
 
 Usage: python benchmarks/train.py [--model nemotron_h_debug] [--pattern "*-M-M-M-M-M-"] [--steps 12]
-                                  [--micro-batch 8] [--sequence 128] [--threads 1] [--json out.json]
+                                  [--micro-batch 8] [--sequence 128] [--threads 1] [--log-every 1] [--json out.json]
+                                  [--baseline-src OTHER_CHECKOUT/src --pairs 6]
 
 Each recipe trains in its own process (its peak resident memory is its own) on random tokens with the real
 trainer (scale steps, microbatches, clipping, AdamW; checkpointing only at the end), one thread by default as
 the pipeline runs it. Tokens per second are measured over the steps after the first (warm-up) step.
+
+``--baseline-src`` times another checkout's package (its ``src``, put first on ``PYTHONPATH``) against this one:
+per recipe, ``--pairs`` alternating processes of the two, each the CPU seconds of its training after a 2-step
+warm-up (CPU time, as the machine may be shared), and the median of the per-pair ratios with its range: a paired
+comparison, since this machine's speed drifts by 20% within minutes.
 """
 
 from __future__ import annotations
@@ -34,28 +40,14 @@ RECIPES = [
 def run_case(args: argparse.Namespace) -> dict:
     import torch
 
-    from ue5m3 import models
     from ue5m3.data import RandomTokenStream
     from ue5m3.training import loop as train
-    from ue5m3.training.config import TrainConfig
 
     torch.set_num_threads(args.threads)
-    overrides = {"hybrid_override_pattern": args.pattern} if args.pattern else {}
-    vocab = models.config(args.model, **overrides).vocab_size
+    if args.cpu_time:
+        return _cpu_seconds(args)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = TrainConfig(
-            run_dir=tmp,
-            model=args.model,
-            model_overrides=overrides,
-            recipe=args.case,
-            seed=0,
-            steps=args.steps,
-            micro_batch=args.micro_batch,
-            accumulation=1,
-            data=None,
-            checkpoint_every=args.steps,
-            log_every=1,
-        )
+        cfg, vocab = _config(args, tmp, args.steps)
         start = time.perf_counter()
         train.train(cfg, RandomTokenStream(vocab, args.sequence))
         total = time.perf_counter() - start
@@ -67,6 +59,87 @@ def run_case(args: argparse.Namespace) -> dict:
         "wall_s": total,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def _config(args: argparse.Namespace, run_dir: str, steps: int):
+    from ue5m3 import models
+    from ue5m3.training.config import TrainConfig
+
+    overrides = {"hybrid_override_pattern": args.pattern} if args.pattern else {}
+    cfg = TrainConfig(
+        run_dir=run_dir,
+        model=args.model,
+        model_overrides=overrides,
+        recipe=args.case,
+        seed=0,
+        steps=steps,
+        micro_batch=args.micro_batch,
+        accumulation=1,
+        data=None,
+        checkpoint_every=steps,
+        log_every=args.log_every,
+    )
+    return cfg, models.config(args.model, **overrides).vocab_size
+
+
+def _cpu_seconds(args: argparse.Namespace) -> dict:
+    """CPU seconds of ``args.steps`` training steps of ``args.case`` after a 2-step warm-up run."""
+    from ue5m3.data import RandomTokenStream
+    from ue5m3.training import loop as train
+
+    def train_for(steps: int) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, vocab = _config(args, tmp, steps)
+            train.train(cfg, RandomTokenStream(vocab, args.sequence))
+
+    train_for(2)
+    start = time.process_time()
+    train_for(args.steps)
+    return {"recipe": args.case, "cpu_s": time.process_time() - start}
+
+
+def _paired(args: argparse.Namespace) -> None:
+    """This checkout against ``args.baseline_src``, alternating processes (see the module docstring)."""
+    import os
+    import statistics
+
+    common = ["--model", args.model, "--pattern", args.pattern, "--steps", str(args.steps), "--micro-batch"]
+    common += [str(args.micro_batch), "--sequence", str(args.sequence), "--threads", str(args.threads)]
+    common += ["--log-every", str(args.log_every), "--cpu-time"]
+    base_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [args.baseline_src, os.environ.get("PYTHONPATH")])),
+    }
+    print(f"this checkout against {args.baseline_src}: {args.pairs} alternating pairs, CPU s of {args.steps} steps")
+    print("| recipe | baseline CPU s (median) | this CPU s (median) | this / baseline (median of pairs) | range |")
+    print("|---|---:|---:|---:|---|")
+    rows = []
+    for recipe in args.recipes:
+        pairs = []
+        for _ in range(args.pairs):
+            cmd = [sys.executable, __file__, "--case", recipe, *common]
+            seconds = []
+            for env in (base_env, None):
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.splitlines()[-1]
+                seconds.append(json.loads(out)["cpu_s"])
+            pairs.append(tuple(seconds))
+        ratios = [new / base for base, new in pairs]
+        row = {
+            "recipe": recipe,
+            "baseline_cpu_s": statistics.median(b for b, _ in pairs),
+            "cpu_s": statistics.median(n for _, n in pairs),
+            "ratio": statistics.median(ratios),
+            "ratio_range": [min(ratios), max(ratios)],
+            "pairs": pairs,
+        }
+        rows.append(row)
+        print(
+            f"| {recipe} | {row['baseline_cpu_s']:.2f} | {row['cpu_s']:.2f} | {row['ratio']:.3f} | "
+            f"{min(ratios):.3f}-{max(ratios):.3f} |"
+        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "rows": rows}, handle, indent=2)
 
 
 def main() -> None:
@@ -83,11 +156,18 @@ def main() -> None:
     parser.add_argument("--sequence", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--recipes", nargs="+", default=RECIPES)
+    parser.add_argument("--log-every", type=int, default=1, help="logged (and telemetry-sampled) every N steps")
+    parser.add_argument("--baseline-src", help="another checkout's src to time against this one, paired")
+    parser.add_argument("--pairs", type=int, default=6, help="alternating process pairs per recipe (--baseline-src)")
     parser.add_argument("--json", help="also write the rows as JSON here")
     parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-time", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(args)))
+        return
+    if args.baseline_src:
+        _paired(args)
         return
     rows = []
     for recipe in args.recipes:
