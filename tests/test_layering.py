@@ -50,6 +50,7 @@ NUMERICS_ORDER = [
     "layout",
     "kernels.launch",  # allocation and launch of device kernels: a leaf (torch only) that the containers consult
     "kernels.triton_pack",  # the E2M1 pack/unpack kernels of the containers (launch only)
+    "kernels.cpu",  # the C kernel's bindings (its build only): quantizer, GEMM, and the containers' CPU packing
     "quantized",
     "encode",
     "kernels",
