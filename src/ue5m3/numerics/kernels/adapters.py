@@ -86,7 +86,7 @@ def quantize_on_kernel(
     # the CPU kernel takes host floats (free on the CPU); Triton reads the 0-dim device tensors in the kernel (no sync)
     global_scale, global_decode_scale, per_tensor = (float(f) for f in factors) if kernel != "triton" else factors
     length = blocks.shape[-1]
-    if kernel != "triton" and blocks.ndim >= 3:  # the CPU kernel reads a strided (A, B, L) view in place
+    if kernel != "triton" and blocks.ndim >= 3 and blocks.stride(-1) != 1:  # the CPU kernel reads a strided view
         flat = blocks.flatten(0, -3)  # a view for 2-D inputs (blocks along tokens of a transposed operand included)
     else:  # (..., n_blocks, L) -> (N, L): a view for 1D blocks along the last axis, a copy otherwise
         flat = blocks.reshape(-1, length)

@@ -281,8 +281,13 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int64_t i
             for (int64_t b = b0 + 1; b < b1 && filled; ++b) filled = block_base[b] == block_base[b0] + (b - b0) * L;
             if (filled) philox_fill(sp, (uint64_t)(block_base[b0] / per), (int)((b1 - b0) * L / per), words);
         }
+        int64_t outer = b0 / inner_blocks, inner = b0 % inner_blocks; /* block b0's place in the view */
         for (int64_t b = b0; b < b1; ++b) {
-            const float *xb = x + (b / inner_blocks) * stride_a + (b % inner_blocks) * stride_b;
+            const float *xb = x + outer * stride_a + inner * stride_b;
+            if (++inner == inner_blocks) {
+                inner = 0;
+                ++outer;
+            }
             if (stride_l != 1) {
                 for (int64_t i = 0; i < L; ++i) gathered[i] = xb[i * stride_l];
                 xb = gathered;
@@ -295,10 +300,11 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int64_t i
                            scale_values + b, decode_scales + b, flags + b, selection, tensor_amax, target_f);
         }
         for (int64_t b = b0; b < b1; ++b) { /* bit 2 from the block just written (still in cache) */
-            const float *pb = payload + b * L;
-            int nonzero = 0;
-            for (int64_t i = 0; i < L; ++i) nonzero |= pb[i] != 0.0f;
-            if (!nonzero && block_amax[b] > 0.0f && scale_values[b] > 0.0f) flags[b] |= 4;
+            if (!(block_amax[b] > 0.0f && scale_values[b] > 0.0f)) continue;
+            const uint32_t *pb = (const uint32_t *)(payload + b * L);
+            uint32_t magnitudes = 0; /* any nonzero magnitude bit: +-0.0 are the only zeros */
+            for (int64_t i = 0; i < L; ++i) magnitudes |= pb[i] & 0x7FFFFFFFu;
+            if (!magnitudes) flags[b] |= 4;
         }
     }
 }
