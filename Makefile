@@ -1,7 +1,8 @@
 # Commands:
 #   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2);
 #                    after an interruption the same command resumes (workflow/reproduce.sh)
-#   make test        build .venv if needed, then run the test suite (pytest -q)
+#   make test        build .venv if needed, then run the test suite (pytest -q on one pytest-xdist worker per core, at
+#                    most 4; TEST_WORKERS=1 runs it in one process)
 #   make report      the whole pipeline (as make reproduce), then its Snakemake report, $(REPORT) (report.html)
 #   make test-cluster  the system tests: the pipeline on a real local SLURM cluster (root; installs slurm-wlm)
 #                    and the report in headless Chromium (root; installs chromium)
@@ -16,6 +17,8 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 REPORT ?= report.html
+# Whole test modules go to the workers, the heaviest first (tests/conftest.py), so a module's fixtures are built once.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: reproduce report test test-cluster
 
@@ -26,7 +29,7 @@ report: reproduce
 	snakemake --report $(REPORT)
 
 test: $(STAMP)
-	pytest -q
+	pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-cluster: $(STAMP)
 	pytest -q system_tests
