@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ue5m3.evaluation.nll import load_results
+from ue5m3.evaluation.nll_records import load_results
 from ue5m3.experiments import claims, comparisons
 from ue5m3.plotting import OURS_COLOR, PAPER_COLOR, add_caption, notebook_setup, save_figure, save_table
 

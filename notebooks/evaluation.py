@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from ue5m3 import reference, stages
-from ue5m3.evaluation.nll import load_results
+from ue5m3.evaluation.nll_records import load_results
 from ue5m3.experiments import comparisons
 from ue5m3.numerics.formats import UE5M3
 from ue5m3.plotting import (

@@ -2,7 +2,7 @@
 
 Every artefact the CLI writes goes through :func:`atomic_path` (a temporary file in the destination directory,
 renamed into place on success) and carries a provenance record: the command's configuration, git commit,
-package versions and torch's numerics settings. Records hold no timestamps, so re-running a step reproduces
+package versions and torch's numerics settings (where the process loaded torch). Records hold no timestamps, so re-running a step reproduces
 its outputs byte for byte.
 
 A write the file system refuses (a full disk, a read-only mount, no permission) is raised as a
@@ -23,13 +23,12 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-import torch
 
 __all__ = [
     "StorageError",
@@ -209,11 +208,20 @@ def provenance(command: str, config: Mapping[str, Any], **extra: Any) -> dict[st
         "git": git_commit(),
         "source_sha256": source_hash(),
         "versions": _versions(),
-        "torch_numerics": {
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        },
+        "torch_numerics": _torch_numerics(),
         **extra,
+    }
+
+
+def _torch_numerics() -> dict[str, Any] | None:
+    """Torch's numerics settings where this process has loaded torch (its work may then have used them); None
+    where it has not: a verb that only reads tables and draws never pays torch's import (seconds) for a record."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
     }
 
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ue5m3.evaluation.nll import t_quantile
+from ue5m3.evaluation.nll_records import t_quantile
 
 __all__ = [
     "Verdict",

@@ -14,7 +14,7 @@ from functools import cache
 
 import numpy as np
 
-from ue5m3.evaluation.nll import t_quantile
+from ue5m3.evaluation.nll_records import t_quantile
 
 __all__ = ["ALPHA", "POWER", "LEVEL", "paired_power", "equivalence_power", "seeds_needed", "detectable_effect"]
 
