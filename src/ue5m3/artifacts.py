@@ -2,8 +2,8 @@
 
 Every artefact the CLI writes goes through :func:`atomic_path` (a temporary file in the destination directory,
 renamed into place on success) and carries a provenance record: the command's configuration, git commit,
-package versions and torch's numerics settings (where the process loaded torch). Records hold no timestamps, so re-running a step reproduces
-its outputs byte for byte.
+package versions and torch's numerics settings (where the process loaded torch). Records hold no timestamps, so
+re-running a step reproduces its outputs byte for byte.
 
 A write the file system refuses (a full disk, a read-only mount, no permission) is raised as a
 :class:`StorageError` naming the path and what to do (:func:`reporting_storage_errors`), and a JSON record that
