@@ -17,7 +17,7 @@ import torch
 
 from helpers.threads import torch_threads
 
-# `make test` runs the suite on one pytest-xdist worker per core (`-n auto --dist loadfile`): each worker gets its
+# `make test` runs the suite on one pytest-xdist worker per core (`-n $(TEST_WORKERS) --dist loadfile`): each gets its
 # share of the cores as its torch thread count, and so do the processes its tests start (OMP_NUM_THREADS), so that the
 # workers do not oversubscribe the machine. Tests that compare thread counts set their own.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
