@@ -140,6 +140,129 @@ def test_probe_matched_kernels_equal_the_torch_path_bit_for_bit(scheme, shape, b
         assert torch.equal(payload.view(torch.int32), encoded.view(torch.int32))
 
 
+def _payload_operands(m: int, k: int, n: int, a_exponent: int, b_exponent: int, seed: int):
+    """E2M1 payloads with blocks-of-16 scales of 6 significant bits, the most the kernel takes (some zero). B's scale
+    exponents lie in [b_exponent, b_exponent + 2]; A's in [a_exponent + 6r, a_exponent + 6r + 2] on row r, so a few
+    rows reach the extreme while the rest give normal FP32 outputs (and every slice stays exact in FP64)."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+    def payload(*shape):
+        signs = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)
+        return values[torch.randint(0, 8, shape, generator=g)] * signs
+
+    def scales(exponents):
+        significand = 1.0 + torch.randint(0, 32, exponents.shape, generator=g) / 32.0
+        s = torch.ldexp(significand, exponents + torch.randint(0, 3, exponents.shape, generator=g))
+        return torch.where(torch.rand(exponents.shape, generator=g) < 0.05, 0.0, s)
+
+    a_rows = a_exponent + 6 * torch.arange(m)[:, None].expand(m, k // 16)
+    return payload(m, k), scales(a_rows), payload(k, n), scales(torch.full((k // 16, n), b_exponent))
+
+
+@pytest.mark.skipif(
+    not cpu_kernel.available() or not cpu_kernel.has_payload_gemm(), reason="the payload kernel needs AVX2 + FMA"
+)
+@pytest.mark.parametrize(
+    ("a_exponent", "b_exponent"),
+    # smallest scale-exponent sums -137 (B packed fully encoded) and -138 (B's exponents kept apart), far below;
+    # largest sums (+ 6 * 12 + 4) 115 and 116 on either side of the upper bound; ordinary scales
+    [(-68, -69), (-69, -69), (-90, -95), (20, 19), (20, 20), (-40, 1)],
+)
+@pytest.mark.parametrize("rounding", ["rtz", "rne"])
+def test_the_payload_kernel_is_exact_on_both_sides_of_its_fully_encoded_bound(a_exponent, b_exponent, rounding):
+    """The AVX2 payload kernel packs B fully encoded when every sub-block sum stays exact in FP32 (scale exponents
+    summing to -137 .. 115) and keeps B's scale exponents apart otherwise: the FP64 encoded kernel's bits either way,
+    subnormal FP32 products and ragged tiles included."""
+    m, k, n = 13, 128, 40
+    pa, sa, pb, sb = _payload_operands(m, k, n, a_exponent, b_exponent, seed=a_exponent * 1000 + b_exponent)
+    encoded_a = pa.double() * sa.double().repeat_interleave(16, 1)
+    encoded_b = pb.double() * sb.double().repeat_interleave(16, 0)
+    kwargs = {"width": 64, "rtz": rounding == "rtz", "grid": None, "alpha": 1.0}
+    expected = cpu_kernel.probe_gemm(encoded_a, encoded_b, **kwargs)
+    got = cpu_kernel.probe_gemm_payload(pa, sa, pb, sb, block=16, column_block=1, **kwargs)
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+    assert float((got != 0).float().mean()) > 0.5
+
+
+def _whole_slice_gemm(pa, sa, pb, sb, rounding="rtz"):
+    """The payload kernel with its count of whole-slice tiles, and the FP64 encoded kernel's bits beside it."""
+    kwargs = {"width": 64, "rtz": rounding == "rtz", "grid": None, "alpha": 1.0}
+    got, whole, total = cpu_kernel.probe_gemm_payload(
+        pa, sa, pb, sb, block=16, column_block=1, count_whole=True, **kwargs
+    )
+    encoded_a = pa.double() * sa.double().repeat_interleave(16, 1)
+    encoded_b = pb.double() * sb.double().repeat_interleave(16, 0)
+    return got, cpu_kernel.probe_gemm(encoded_a, encoded_b, **kwargs), whole, total
+
+
+@pytest.mark.skipif(
+    not cpu_kernel.available() or not cpu_kernel.has_payload_gemm(), reason="the payload kernel needs AVX2 + FMA"
+)
+@pytest.mark.parametrize("gap", range(11))
+def test_a_slice_is_summed_whole_in_fp32_only_where_every_partial_sum_is_exact(gap):
+    """In the first slice, A's first block is 6 * 1.875 * 2^gap against B's 6 * 1.875, and the other three blocks of
+    both are 0.5 * 1.125 (quantum 2^-4): after the first 16 products the sum is 2025 * 2^gap, and the next products
+    are multiples of 2^-8, so the sum needs 19 + gap bits and FP32 holds it for gap <= 5 only. The kernel's bound
+    (l1 and max over the quantum) takes the whole-slice path up to gap 5 and the sub-block path beyond, exact
+    either way (a bound four times too loose gives wrong bits at gap 6); the second slice is whole in every case."""
+    m, k, n = 7, 128, 17
+    pa, pb = torch.full((m, k), 0.5), torch.full((k, n), 0.5)
+    pa[:, :16], pb[:16] = 6.0, 6.0
+    sa, sb = torch.full((m, k // 16), 1.125), torch.full((k // 16, n), 1.125)
+    sa[:, 0], sb[0] = 1.875 * 2.0**gap, 1.875
+    for rounding in ("rtz", "rne"):
+        got, expected, whole, total = _whole_slice_gemm(pa, sa, pb, sb, rounding)
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (gap, rounding)
+        assert total == 2 * 2 * 2 and whole == (total if gap <= 5 else total // 2), (gap, whole, total)
+
+
+@pytest.mark.skipif(
+    not cpu_kernel.available() or not cpu_kernel.has_payload_gemm(), reason="the payload kernel needs AVX2 + FMA"
+)
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4_b16"])
+def test_whole_slice_and_sub_block_tiles_mix_in_one_gemm_with_the_torch_paths_bits(scheme):
+    """Gaussian operands with a block of x2^12 in every 7th row and 5th column: tiles summed whole in FP32 and tiles
+    summed by sub-blocks side by side in one GEMM, each output the torch path's bits."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(96, 256, generator=g), torch.randn(256, 80, generator=g)
+    x[::7, 16:32] *= 2.0**12
+    w[64:80, ::5] *= 2.0**12
+    a_q, b_q = quantize(x, scheme), quantize(w, scheme, axis=0)
+    reference = gemm.matmul(a_q, b_q, "probe_matched", backend="torch")
+    got = gemm.matmul(a_q, b_q, "probe_matched", backend="cpu_kernel")
+    assert torch.equal(got.view(torch.int32), reference.view(torch.int32))
+    block = a_q.scheme.block_size
+    _, whole, total = cpu_kernel.probe_gemm_payload(
+        a_q.payload,
+        a_q.scales,
+        b_q.payload,
+        b_q.scales,
+        block=block,
+        column_block=1,
+        width=64,
+        rtz=True,
+        grid=1024,
+        alpha=1.0,
+        count_whole=True,
+    )
+    assert 0 < whole < total
+
+
+@pytest.mark.skipif(not cpu_kernel.available(), reason="no C compiler for the CPU kernel")
+def test_scales_wider_than_the_payload_kernel_takes_go_to_the_encoded_kernel_and_stay_exact():
+    """A scale format of 8 significant bits makes a 16-element sub-block sum of up to 27 bits, which the FP32
+    payload kernel cannot hold: the CPU path routes it to the FP64 encoded kernel, the torch path's bits."""
+    wide = formats.FloatFormat(name="ue4m7", exponent_bits=4, mantissa_bits=7, bias=7, signed=False)
+    scheme = BlockScheme(name="wide_scales", scale=wide, block_size=16, target=448.0 * 6.0 / 2.0)
+    g = torch.Generator().manual_seed(7)
+    a_q = quantize(torch.randn(24, 256, generator=g), scheme)
+    b_q = quantize(torch.randn(256, 32, generator=g), scheme, axis=0)
+    reference = gemm.matmul(a_q, b_q, "probe_matched", backend="torch")
+    got = gemm.matmul(a_q, b_q, "probe_matched", backend="cpu_kernel")
+    assert torch.equal(got.view(torch.int32), reference.view(torch.int32))
+
+
 def test_the_kernels_e2m1_packing_is_the_torch_ops_bit_for_bit():
     """Every E2M1 value pair, signed zeros included, in both nibbles: QuantizedTensor.pack on the C kernel (the CPU
     default) and with torch ops give the same codes, and each unpacks the other's to the same FP32 bits."""

@@ -369,10 +369,12 @@ def _probe_kernel(
     a_q: QuantizedTensor, b_q: QuantizedTensor, block: int, width: int, rtz: bool, grid: int | None, alpha
 ) -> torch.Tensor:
     """The fused probe_matched GEMM: the FP32 payload kernel where it applies (AVX2, blocks of 16 or 32, scales
-    within 2^+-100 so every FP32 product and sub-block sum stays normal and exact), else the FP64 encoded one."""
+    within 2^+-100 and of at most 6 significant bits, so every FP32 product and sub-block sum stays normal and
+    exact), else the FP64 encoded one."""
     largest, smallest = cpu_kernel.scale_extremes(a_q.scale_values, b_q.scale_values)  # positive ones; 0: none
     in_range = largest <= 2.0**100 and (smallest == 0.0 or smallest >= 2.0**-100)
-    if cpu_kernel.has_payload_gemm() and block % 16 == 0 and not a_q.layout.two_d and in_range:
+    narrow = max(a_q.scheme.scale.mantissa_bits, b_q.scheme.scale.mantissa_bits) <= 5
+    if cpu_kernel.has_payload_gemm() and block % 16 == 0 and not a_q.layout.two_d and in_range and narrow:
         return cpu_kernel.probe_gemm_payload(
             a_q.payload,
             a_q.scales,

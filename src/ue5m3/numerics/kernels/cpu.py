@@ -81,7 +81,7 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     probe.argtypes = [p, p, i32, i64, i64, i64, i64, i32, f32, f32, p]
     probe.restype = ctypes.c_int
     payload = lib.ue5m3_probe_gemm_payload
-    payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p]
+    payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p, p]
     payload.restype = ctypes.c_int
     for name in ("ue5m3_pack_e2m1", "ue5m3_unpack_e2m1"):
         getattr(lib, name).argtypes = [p, i64, p]
@@ -361,15 +361,20 @@ def probe_gemm_payload(
     rtz: bool,
     grid: int | None,
     alpha: float,
-) -> torch.Tensor:
+    count_whole: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, int, int]:
     """The probe-matched GEMM from payloads and block scales (see ``ue5m3_probe_gemm_payload``): A [M, K] with
     scales [M, K/block], B [K, N] with scales [K/block, ceil(N/column_block)]; the same bits as
-    :func:`probe_gemm` on the encoded operands wherever the caller's span check holds."""
+    :func:`probe_gemm` on the encoded operands wherever the caller's span check holds. With ``count_whole``, also
+    how many of the 6 x 16 tiles' slices were summed whole in FP32 (the AVX2 kernel's fast path) and of how many."""
     tensors = [t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b)]
     (m, k), n = tensors[0].shape, tensors[2].shape[1]
-    if tensors[2].shape[0] != k or block % 16 or width % 16:
-        raise ValueError("probe_gemm_payload needs A [M, K], B [K, N] and blocks and slices of multiples of 16")
+    if tensors[2].shape[0] != k or block % 16 or width % 16 or k % width:
+        raise ValueError(
+            "probe_gemm_payload needs A [M, K], B [K, N], blocks and slices of multiples of 16 and whole slices"
+        )
     out = torch.empty(m, n, dtype=torch.float32)
+    whole = torch.zeros(1, dtype=torch.int64)
     status = load().ue5m3_probe_gemm_payload(
         *(t.data_ptr() for t in tensors),
         m,
@@ -382,7 +387,10 @@ def probe_gemm_payload(
         float(grid or 0),
         float(alpha),
         out.data_ptr(),
+        whole.data_ptr() if count_whole else None,
     )
     if status:
         raise MemoryError("probe_gemm_payload could not allocate its packed operands")
+    if count_whole:
+        return out, int(whole), -(-m // 6) * -(-n // 16) * (k // width)
     return out

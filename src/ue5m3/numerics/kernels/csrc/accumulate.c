@@ -53,6 +53,15 @@ static inline float add_rtz(float a, float b) {
 #endif
 #define ANR 8
 
+/* finish() on 8 lanes: the same FP32 multiply, round to nearest even, divide and multiply. */
+static inline __m256 finish8(__m256 v, float grid, float alpha) {
+    if (grid > 0.0f) {
+        const __m256 g = _mm256_set1_ps(grid);
+        v = _mm256_div_ps(_mm256_round_ps(_mm256_mul_ps(v, g), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), g);
+    }
+    return _mm256_mul_ps(v, _mm256_set1_ps(alpha));
+}
+
 static inline __m256 add_rtz8(__m256 a, __m256 b) {
     __m256 s = _mm256_add_ps(a, b);
     __m256 bb = _mm256_sub_ps(s, a);
@@ -112,19 +121,43 @@ static void micro_encoded(const double *ap, const double *bp, int64_t kc, int64_
 
 #define KC 256 /* K-steps per pass over a tile (a multiple of every slice width used; checked below) */
 
-/* The payload path: FP32 fused multiply-adds on A's encoded values (payload * scale, <= 8 bits) and B's payload
- * times its scale's significand (<= 8 bits). Inside a 16-element sub-block both scales are constant, so the 16
- * products are integers of one quantum below 2^16 and every partial sum stays below 2^20 quanta: exact in FP32.
- * At each sub-block's end the sum is widened, multiplied by B's scale exponent 2^e (exact) and added to the FP64
- * slice sum (exact by the caller's span check), which is rounded once to FP32 per slice as before. FP32 lanes
- * are twice as wide as FP64 ones; the sub-block ends cost a fraction of that back. */
+/* The payload path: FP32 fused multiply-adds on A's encoded values (payload * scale, <= 8 bits) and B's values,
+ * packed fully encoded where every sub-block sum stays in FP32's range (fully_encoded_b_exact), else as payload
+ * times its scale's significand (<= 8 bits) with the scale's exponent kept apart. Inside a 16-element sub-block
+ * both scales are constant, so the 16 products are integers of one quantum and every partial sum stays below 2^24
+ * quanta: exact in FP32. At each sub-block's end the sum is widened (times B's scale exponent 2^e where kept
+ * apart, exact) and added to the FP64 slice sum (exact by the caller's span check), which is rounded once to FP32
+ * per slice. A tile's slice whose operands' bounds show every partial sum exact in FP32 (slice_exact_in_fp32, with
+ * B fully encoded) skips the sub-block ends and FP64 altogether: its FP32 FMA sum is the exact slice sum. */
 #define PNR 16
 #define SUB 16
 
+/* What decides whether a tile's slice may be summed in FP32 in one go (the whole-slice path), from the operands'
+ * own values. Per A row (B column) and slice: every encoded value is a multiple of the quantum q = min over its
+ * blocks of the scale's lowest set bit / 2 (payloads are multiples of 1/2), l1 = sum of |values|, max = max |value|.
+ * For a tile: the largest l1 / q and max / q over its rows (columns), the smallest q, the largest l1 and max. */
+typedef struct {
+    double ratio_l1, ratio_max, quantum, l1, max;
+} slice_bound;
+
+/* Whether every partial sum of every output of the tile's slice is exact in FP32, in any order: the products of an
+ * output (i, j) are multiples of Q = q_i * q_j and every partial sum is at most min(l1_i max_j, max_i l1_j) in
+ * magnitude, so it is an integer multiple of Q below 2^24 Q (a representable FP32 number, subnormal or not, when
+ * Q >= 2^-149), and below 2^128. FMAs then round nothing and the FP32 sum is the exact slice sum, whose one RNE
+ * rounding to FP32 is itself: the caller's bits. (A small margin covers the FP64 rounding of l1.) */
+static inline int slice_exact_in_fp32(const slice_bound *a, const slice_bound *b) {
+    const double limit = 0x1p24 * (1.0 - 0x1p-30);
+    return (a->ratio_l1 * b->ratio_max < limit || a->ratio_max * b->ratio_l1 < limit) &&
+           a->quantum * b->quantum >= 0x1p-149 && (a->l1 * b->max < 0x1p127 || a->max * b->l1 < 0x1p127);
+}
+
 #if UE5M3_AVX512
-/* The payload path with one 16-lane FP32 register per row for a sub-block and two 8-lane FP64 slice sums. */
-static void micro_payload(const float *ap, const float *bp, const double *bf, int64_t kc, int64_t width, int rtz,
-                          float *acc) {
+/* The payload path with one 16-lane FP32 register per row for a sub-block and two 8-lane FP64 slice sums (no
+ * whole-slice path: bound_a and bound_b are NULL). Returns the number of slices summed whole (none). */
+static int64_t micro_payload(const float *ap, const float *bp, const double *bf, const slice_bound *bound_a,
+                             const slice_bound *bound_b, int64_t kc, int64_t width, int rtz, float *acc) {
+    (void)bound_a;
+    (void)bound_b;
     for (int64_t s = 0; s < kc; s += width) {
         __m512d lo[AMR], hi[AMR];
         for (int r = 0; r < AMR; ++r) lo[r] = hi[r] = _mm512_setzero_pd();
@@ -150,36 +183,75 @@ static void micro_payload(const float *ap, const float *bp, const double *bf, in
             _mm256_storeu_ps(acc + r * PNR + 8, rtz ? add_rtz8(c1, p1) : _mm256_add_ps(c1, p1));
         }
     }
+    return 0;
 }
 #else
-static void micro_payload(const float *ap, const float *bp, const double *bf, int64_t kc, int64_t width, int rtz,
-                          float *acc) {
+/* The 6 x 16 tile of FP32 sums c<row><half> both payload paths use: zeroed, then one K-step (6 A values, 16 B ones). */
+#define PAYLOAD_TILE_ZERO                                                                                          \
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;                       \
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00
+#define PAYLOAD_FMA_STEP(a, b)                                                                                     \
+    do {                                                                                                           \
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps((b) + 8), x;                                         \
+        x = _mm256_broadcast_ss((a) + 0); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);    \
+        x = _mm256_broadcast_ss((a) + 1); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);    \
+        x = _mm256_broadcast_ss((a) + 2); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);    \
+        x = _mm256_broadcast_ss((a) + 3); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);    \
+        x = _mm256_broadcast_ss((a) + 4); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);    \
+        x = _mm256_broadcast_ss((a) + 5); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);    \
+    } while (0)
+
+/* by_exponent: B packed as payload * significand, each sub-block sum then times B's scale exponent (bf); else B is
+ * fully encoded and the sub-block sums already carry both scales. A constant in each of the two copies below. */
+static inline __attribute__((always_inline)) int64_t payload_kernel(const float *ap, const float *bp,
+                                                                    const double *bf, const slice_bound *bound_a,
+                                                                    const slice_bound *bound_b, int64_t kc,
+                                                                    int64_t width, int rtz, float *acc,
+                                                                    const int by_exponent) {
+    int64_t whole = 0;
     for (int64_t s = 0; s < kc; s += width) {
+        if (!by_exponent && bound_a && slice_exact_in_fp32(bound_a + s / width, bound_b + s / width)) {
+            /* the whole slice in FP32 FMAs: no sub-block ends, no FP64 (every partial sum is exact) */
+            PAYLOAD_TILE_ZERO;
+            const float *a = ap + s * AMR, *b = bp + s * PNR;
+            for (int64_t k = 0; k < width; ++k, a += AMR, b += PNR) {
+                PAYLOAD_FMA_STEP(a, b);
+            }
+            const __m256 sums[2 * AMR] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+            for (int q = 0; q < 2 * AMR; ++q) {
+                __m256 c = _mm256_loadu_ps(acc + 8 * q);
+                _mm256_storeu_ps(acc + 8 * q, rtz ? add_rtz8(c, sums[q]) : _mm256_add_ps(c, sums[q]));
+            }
+            ++whole;
+            continue;
+        }
         __m256d slice[AMR][4];
         for (int r = 0; r < AMR; ++r)
             for (int q = 0; q < 4; ++q) slice[r][q] = _mm256_setzero_pd();
         for (int64_t j = s; j < s + width; j += SUB) {
-            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-            __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+            PAYLOAD_TILE_ZERO;
             const float *a = ap + j * AMR, *b = bp + j * PNR;
             for (int k = 0; k < SUB; ++k, a += AMR, b += PNR) {
-                __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
-                x = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(x, b0, c00); c01 = _mm256_fmadd_ps(x, b1, c01);
-                x = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(x, b0, c10); c11 = _mm256_fmadd_ps(x, b1, c11);
-                x = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(x, b0, c20); c21 = _mm256_fmadd_ps(x, b1, c21);
-                x = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(x, b0, c30); c31 = _mm256_fmadd_ps(x, b1, c31);
-                x = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(x, b0, c40); c41 = _mm256_fmadd_ps(x, b1, c41);
-                x = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(x, b0, c50); c51 = _mm256_fmadd_ps(x, b1, c51);
+                PAYLOAD_FMA_STEP(a, b);
             }
-            const double *f = bf + (j / SUB) * PNR;
-            __m256d f0 = _mm256_loadu_pd(f), f1 = _mm256_loadu_pd(f + 4), f2 = _mm256_loadu_pd(f + 8),
-                    f3 = _mm256_loadu_pd(f + 12);
             const __m256 lo[AMR] = {c00, c10, c20, c30, c40, c50}, hi[AMR] = {c01, c11, c21, c31, c41, c51};
-            for (int r = 0; r < AMR; ++r) {
-                slice[r][0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo[r])), f0, slice[r][0]);
-                slice[r][1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo[r], 1)), f1, slice[r][1]);
-                slice[r][2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi[r])), f2, slice[r][2]);
-                slice[r][3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi[r], 1)), f3, slice[r][3]);
+            if (by_exponent) { /* times B's scale exponent (exact) */
+                const double *f = bf + (j / SUB) * PNR;
+                __m256d f0 = _mm256_loadu_pd(f), f1 = _mm256_loadu_pd(f + 4), f2 = _mm256_loadu_pd(f + 8),
+                        f3 = _mm256_loadu_pd(f + 12);
+                for (int r = 0; r < AMR; ++r) {
+                    slice[r][0] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo[r])), f0, slice[r][0]);
+                    slice[r][1] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo[r], 1)), f1, slice[r][1]);
+                    slice[r][2] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi[r])), f2, slice[r][2]);
+                    slice[r][3] = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi[r], 1)), f3, slice[r][3]);
+                }
+            } else { /* adds, which leave the FMA pipes to the next sub-block */
+                for (int r = 0; r < AMR; ++r) {
+                    slice[r][0] = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo[r])), slice[r][0]);
+                    slice[r][1] = _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo[r], 1)), slice[r][1]);
+                    slice[r][2] = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi[r])), slice[r][2]);
+                    slice[r][3] = _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi[r], 1)), slice[r][3]);
+                }
             }
         }
         for (int r = 0; r < AMR; ++r)
@@ -189,6 +261,14 @@ static void micro_payload(const float *ap, const float *bp, const double *bf, in
                 _mm256_storeu_ps(acc + r * PNR + 8 * h, rtz ? add_rtz8(c, p) : _mm256_add_ps(c, p));
             }
     }
+    return whole;
+}
+
+/* Returns the number of slices summed whole (bound_a and bound_b: the tile's slice bounds, or NULL for none). */
+static int64_t micro_payload(const float *ap, const float *bp, const double *bf, const slice_bound *bound_a,
+                             const slice_bound *bound_b, int64_t kc, int64_t width, int rtz, float *acc) {
+    if (bf) return payload_kernel(ap, bp, bf, NULL, NULL, kc, width, rtz, acc, 1);
+    return payload_kernel(ap, bp, NULL, bound_a, bound_b, kc, width, rtz, acc, 0);
 }
 #endif
 
@@ -217,11 +297,19 @@ static int run_bands(int64_t m, int64_t n, int64_t k, int64_t width, int nr, flo
                 for (int64_t band = bb; band < b_end; ++band)
                     tile(ctx, band, p, k0, k - k0 < kc ? k - k0 : kc, acc + ((band - bb) * panels + p) * AMR * nr);
         for (int64_t band = bb; band < b_end; ++band)
-            for (int64_t p = 0; p < panels; ++p)
+            for (int64_t p = 0; p < panels; ++p) {
+                const float *tile_acc = acc + ((band - bb) * panels + p) * AMR * nr;
+                if ((band + 1) * AMR <= m && (p + 1) * nr <= n) { /* a whole tile: 8 lanes at a time */
+                    for (int r = 0; r < AMR; ++r)
+                        for (int t = 0; t < nr; t += 8)
+                            _mm256_storeu_ps(c + (band * AMR + r) * n + p * nr + t,
+                                             finish8(_mm256_loadu_ps(tile_acc + r * nr + t), grid, alpha));
+                    continue;
+                }
                 for (int r = 0; r < AMR && band * AMR + r < m; ++r)
                     for (int t = 0; t < nr && p * nr + t < n; ++t)
-                        c[(band * AMR + r) * n + p * nr + t] =
-                            finish(acc[(((band - bb) * panels + p) * AMR + r) * nr + t], grid, alpha);
+                        c[(band * AMR + r) * n + p * nr + t] = finish(tile_acc[r * nr + t], grid, alpha);
+            }
         free(acc);
     }
     return failed;
@@ -230,14 +318,23 @@ static int run_bands(int64_t m, int64_t n, int64_t k, int64_t width, int nr, flo
 typedef struct {
     const float *ap, *bp;
     const double *bf;
-    int64_t k, subs, width;
+    const slice_bound *bound_a, *bound_b; /* [bands, slices] and [panels, slices], or NULL */
+    int64_t k, subs, width, slices;
     int rtz;
+    int64_t *whole; /* where to count the slices summed whole, or NULL */
 } payload_ctx;
 
 static void payload_tile(const void *ctx, int64_t band, int64_t p, int64_t k0, int64_t len, float *acc) {
     const payload_ctx *x = (const payload_ctx *)ctx;
-    micro_payload(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * PNR,
-                       x->bf + (p * x->subs + k0 / SUB) * PNR, len, x->width, x->rtz, acc);
+    int64_t s0 = k0 / x->width;
+    int64_t whole = micro_payload(x->ap + (band * x->k + k0) * AMR, x->bp + (p * x->k + k0) * PNR,
+                                  x->bf ? x->bf + (p * x->subs + k0 / SUB) * PNR : NULL,
+                                  x->bound_a ? x->bound_a + band * x->slices + s0 : NULL,
+                                  x->bound_b ? x->bound_b + p * x->slices + s0 : NULL, len, x->width, x->rtz, acc);
+    if (x->whole && whole) {
+#pragma omp atomic
+        *x->whole += whole;
+    }
 }
 
 typedef struct {
@@ -259,39 +356,139 @@ static inline float scale_significand(float s, int *e) {
     return f * 2.0f;
 }
 
+/* The floor(log2) of the smallest and of the largest positive of n FP32 values (0 if none is positive). */
+static int positive_exponents(const float *v, int64_t n, int *lowest, int *highest) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        if (!(v[i] > 0.0f)) continue;
+        if (v[i] > hi) hi = v[i];
+        if (lo == 0.0f || v[i] < lo) lo = v[i];
+    }
+    if (hi == 0.0f) return 0;
+    frexpf(lo, lowest);
+    frexpf(hi, highest);
+    *lowest -= 1;
+    *highest -= 1;
+    return 1;
+}
+
+/* Whether B may be packed fully encoded (payload * scale) with every 16-element sub-block sum still exact in FP32.
+ * With scales of at most 6 significant bits (the payload path's limit, checked by the caller) and exponents ea, eb,
+ * a product of two encoded values, (2pa * 2pb / 4) * sa * sb, is a multiple of 2^(ea + eb - 12), and a sub-block's
+ * 16 products sum to less than 16 * 36 * 4 * 2^(ea + eb) < 2^(ea + eb + 12): under 2^24 quanta. So every partial sum
+ * is exact when ea + eb >= -137 (a quantum no finer than FP32's 2^-149) and ea + eb <= 115 (no overflow), for every
+ * pair of an A and a B scale. */
+static int fully_encoded_b_exact(const float *sa, int64_t na, const float *sb, int64_t nb) {
+    int a_lo, a_hi, b_lo, b_hi;
+    if (!positive_exponents(sa, na, &a_lo, &a_hi) || !positive_exponents(sb, nb, &b_lo, &b_hi)) return 1;
+    return a_lo + b_lo >= -137 && a_hi + b_hi <= 115;
+}
+
+/* The lowest set bit of a positive finite FP32 value, as an FP64 power of two. */
+static inline double lowest_bit(float v) {
+    uint32_t b = f2u(v), mantissa = b & 0x7FFFFFu;
+    int e = (int)(b >> 23);
+    if (e) {
+        mantissa |= 0x800000u;
+        e -= 150;
+    } else {
+        e = -149;
+    }
+    return ldexp(1.0, e + __builtin_ctz(mantissa));
+}
+
+static const slice_bound no_values = {0.0, 0.0, INFINITY, 0.0, 0.0};
+
+/* One row's (column's) slice, l1 = sum |values|, max = max |value|, q = its quantum, into the tile's bound. */
+static inline void fold_bound(slice_bound *tile, double l1, double max, double q) {
+    double ratio_l1 = l1 / q, ratio_max = max / q; /* 0 for a slice with no positive scale (q infinite) */
+    if (ratio_l1 > tile->ratio_l1) tile->ratio_l1 = ratio_l1;
+    if (ratio_max > tile->ratio_max) tile->ratio_max = ratio_max;
+    if (q < tile->quantum) tile->quantum = q;
+    if (l1 > tile->l1) tile->l1 = l1;
+    if (max > tile->max) tile->max = max;
+}
+
 /* pa [M, K] payloads with scales sa [M, K / block]; pb [K, N] payloads with scales sb [K / block, ceil(N / cb)]
- * (cb = 1 for 1D blocks along K, the tile side for 2D tiles). block and width are multiples of 16. */
+ * (cb = 1 for 1D blocks along K, the tile side for 2D tiles). block and width are multiples of 16. whole (or NULL)
+ * receives the number of tile slices summed whole in FP32. */
 int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, const float *sb, int64_t m,
                              int64_t n, int64_t k, int64_t block, int64_t cb, int64_t width, int rtz, float grid,
-                             float alpha, float *c) {
-    int64_t bands = (m + AMR - 1) / AMR, panels = (n + PNR - 1) / PNR, subs = k / SUB;
+                             float alpha, float *c, int64_t *whole) {
+    int64_t bands = (m + AMR - 1) / AMR, panels = (n + PNR - 1) / PNR, subs = k / SUB, slices = k / width;
     int64_t scols = (n + cb - 1) / cb, sblocks = k / block;
+    /* B fully encoded where the scales allow (AVX2 kernel; the AVX-512 one always takes B's exponents apart); then
+     * each tile slice whose bounds allow it is summed whole in FP32 */
+    int fully_encoded = !UE5M3_AVX512 && fully_encoded_b_exact(sa, m * sblocks, sb, sblocks * scols);
     float *ap = (float *)calloc((size_t)(bands * k * AMR), sizeof(float));
     float *bp = (float *)calloc((size_t)(panels * k * PNR), sizeof(float));
-    double *bf = (double *)calloc((size_t)(panels * subs * PNR), sizeof(double));
-    if (!ap || !bp || !bf) { free(ap); free(bp); free(bf); return 1; }
+    double *bf = fully_encoded ? NULL : (double *)calloc((size_t)(panels * subs * PNR), sizeof(double));
+    slice_bound *bound_a = fully_encoded ? (slice_bound *)malloc(sizeof(slice_bound) * (size_t)(bands * slices)) : NULL;
+    slice_bound *bound_b = fully_encoded ? (slice_bound *)malloc(sizeof(slice_bound) * (size_t)(panels * slices)) : NULL;
+    if (!ap || !bp || (fully_encoded ? !bound_a || !bound_b : !bf)) {
+        free(ap); free(bp); free(bf); free(bound_a); free(bound_b);
+        return 1;
+    }
+    if (whole) *whole = 0;
 #pragma omp parallel for schedule(static)
-    for (int64_t band = 0; band < bands; ++band)
+    for (int64_t band = 0; band < bands; ++band) {
+        if (bound_a)
+            for (int64_t sl = 0; sl < slices; ++sl) bound_a[band * slices + sl] = no_values;
         for (int r = 0; r < AMR && band * AMR + r < m; ++r) {
             int64_t row = band * AMR + r;
-            for (int64_t kk = 0; kk < k; ++kk)
-                ap[(band * k + kk) * AMR + r] = pa[row * k + kk] * sa[row * sblocks + kk / block];
+            for (int64_t sl = 0; sl < slices; ++sl) {
+                double l1 = 0.0, max = 0.0, q = INFINITY;
+                for (int64_t kk = sl * width; kk < (sl + 1) * width; kk += SUB) {
+                    const float scale = sa[row * sblocks + kk / block];
+                    if (bound_a && scale > 0.0f && 0.5 * lowest_bit(scale) < q) q = 0.5 * lowest_bit(scale);
+                    for (int64_t i = kk; i < kk + SUB; ++i) {
+                        const float v = pa[row * k + i] * scale, magnitude = fabsf(v);
+                        ap[(band * k + i) * AMR + r] = v;
+                        l1 += magnitude;
+                        if (magnitude > max) max = magnitude;
+                    }
+                }
+                if (bound_a) fold_bound(bound_a + band * slices + sl, l1, max, q);
+            }
         }
+    }
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; ++p)
-        for (int64_t j = 0; j < subs; ++j)
+    for (int64_t p = 0; p < panels; ++p) {
+        double l1[PNR], max[PNR], q[PNR];
+        for (int64_t j = 0; j < subs; ++j) {
+            if ((j * SUB) % width == 0) { /* a slice starts */
+                if (bound_b) bound_b[p * slices + (j * SUB) / width] = no_values;
+                for (int t = 0; t < PNR; ++t) l1[t] = max[t] = 0.0, q[t] = INFINITY;
+            }
             for (int t = 0; t < PNR && p * PNR + t < n; ++t) {
                 int64_t col = p * PNR + t;
-                int e;
-                float sig = scale_significand(sb[((j * SUB) / block) * scols + col / cb], &e);
-                bf[(p * subs + j) * PNR + t] = ldexp(1.0, e);
-                for (int64_t kk = j * SUB; kk < (j + 1) * SUB; ++kk) bp[(p * k + kk) * PNR + t] = pb[kk * n + col] * sig;
+                float scale = sb[((j * SUB) / block) * scols + col / cb], sig = scale;
+                if (!fully_encoded) {
+                    int e;
+                    sig = scale_significand(scale, &e);
+                    bf[(p * subs + j) * PNR + t] = ldexp(1.0, e);
+                } else if (scale > 0.0f && 0.5 * lowest_bit(scale) < q[t]) {
+                    q[t] = 0.5 * lowest_bit(scale);
+                }
+                for (int64_t kk = j * SUB; kk < (j + 1) * SUB; ++kk) {
+                    const float v = pb[kk * n + col] * sig, magnitude = fabsf(v);
+                    bp[(p * k + kk) * PNR + t] = v;
+                    l1[t] += magnitude;
+                    if (magnitude > max[t]) max[t] = magnitude;
+                }
             }
-    payload_ctx ctx = {ap, bp, bf, k, subs, width, rtz};
+            if (bound_b && ((j + 1) * SUB) % width == 0)
+                for (int t = 0; t < PNR && p * PNR + t < n; ++t)
+                    fold_bound(bound_b + p * slices + (j * SUB) / width, l1[t], max[t], q[t]);
+        }
+    }
+    payload_ctx ctx = {ap, bp, bf, bound_a, bound_b, k, subs, width, slices, rtz, whole};
     int failed = run_bands(m, n, k, width, PNR, grid, alpha, c, payload_tile, &ctx);
     free(ap);
     free(bp);
     free(bf);
+    free(bound_a);
+    free(bound_b);
     return failed;
 }
 
@@ -456,9 +653,9 @@ int ue5m3_probe_gemm(const void *a, const void *b, int f64, int64_t m, int64_t n
 /* Without AVX2 + FMA the payload path is not built; the caller uses ue5m3_probe_gemm instead. */
 int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, const float *sb, int64_t m,
                              int64_t n, int64_t k, int64_t block, int64_t cb, int64_t width, int rtz, float grid,
-                             float alpha, float *c) {
+                             float alpha, float *c, int64_t *whole) {
     (void)pa; (void)sa; (void)pb; (void)sb; (void)m; (void)n; (void)k; (void)block; (void)cb; (void)width;
-    (void)rtz; (void)grid; (void)alpha; (void)c;
+    (void)rtz; (void)grid; (void)alpha; (void)c; (void)whole;
     return 2;
 }
 #endif

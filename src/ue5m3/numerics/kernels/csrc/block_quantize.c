@@ -14,6 +14,9 @@
 #include <string.h>
 
 #include "philox.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 enum { RNE = 0, RTZ = 1, SF = 2, SR_TE = 3, SR = 4 };
 enum { ORDER_TE = 0, ORDER_TE_LEGACY = 1, ORDER_TORCHAO = 2 };
@@ -124,21 +127,38 @@ static float candidate_error(const float *xb, int64_t L, float scale, float glob
  */
 #define GROUP 16
 
-static void quantize_block(const float *xb, int64_t L, int rule, int order, float global_scale,
-                           float global_decode_scale, float per_tensor, float target_scale_max, int scale_mbits,
-                           int scale_emin, int scale_emax, int zero_repair, int mode, const int64_t *bits,
-                           const uint32_t *words, const philox_stream *stream, int64_t base, int64_t inner_len,
-                           int64_t inner_stride, int64_t outer_stride, float *pb, float *amax_out,
-                           float *scale_out, float *decode_out, uint8_t *flag_out, int selection, float g,
-                           float target_f) {
-    const float element_max = 6.0f;
-    const float inv_f = 1.0f / 6.0f; /* the FP32 constant 1/F */
-    const float fp32_max = 3.4028234663852886e38f;
+/* The largest |x| of a block (+0.0 for an all-zero one). Inputs are finite (the caller checks), so the order of the
+ * comparisons does not matter: vmaxps(a, m) is a > m ? a : m, lane by lane, as the scalar loop. */
+static inline float largest_magnitude(const float *restrict xb, int64_t L) {
+#if defined(__AVX2__)
+    if (L == 16) {
+        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+        __m256 m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb), magnitude),
+                                 _mm256_and_ps(_mm256_loadu_ps(xb + 8), magnitude));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        return _mm_cvtss_f32(h) + 0.0f; /* +0.0 for an all-zero block, as the scalar loop */
+    }
+#endif
     float amax = 0.0f;
     for (int64_t i = 0; i < L; ++i) {
         float a = xb[i] < 0 ? -xb[i] : xb[i];
         amax = a > amax ? a : amax;
     }
+    return amax;
+}
+
+static inline __attribute__((always_inline)) void quantize_block(
+    const float *restrict xb, int64_t L, int rule, int order, float global_scale, float global_decode_scale,
+    float per_tensor, float target_scale_max, int scale_mbits, int scale_emin, int scale_emax, int zero_repair,
+    int mode, const int64_t *bits, const uint32_t *words, const philox_stream *stream, int64_t base,
+    int64_t inner_len, int64_t inner_stride, int64_t outer_stride, float *restrict pb, float *amax_out,
+    float *scale_out, float *decode_out, uint8_t *flag_out, int selection, float g, float target_f) {
+    const float element_max = 6.0f;
+    const float inv_f = 1.0f / 6.0f; /* the FP32 constant 1/F */
+    const float fp32_max = 3.4028234663852886e38f;
+    float amax = largest_magnitude(xb, L);
     float scale;
     uint8_t flag = 0;
     if (rule == RULE_TENSOR_SCALED || rule == RULE_FOUR_OVER_SIX) {
@@ -292,12 +312,18 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int64_t i
                 for (int64_t i = 0; i < L; ++i) gathered[i] = xb[i * stride_l];
                 xb = gathered;
             }
-            quantize_block(xb, L, rule, order, global_scale, global_decode_scale, per_tensor,
-                           target_scale_max, scale_mbits, scale_emin, scale_emax, zero_repair, mode,
-                           random_bits ? random_bits + b * L : NULL,
-                           filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0,
-                           inner_len, inner_stride, outer_stride, payload + b * L, block_amax + b,
-                           scale_values + b, decode_scales + b, flags + b, selection, tensor_amax, target_f);
+            /* blocks of 16 (the recipes' usual length) get their own copy with the length a constant */
+#define QUANTIZE_BLOCK(length)                                                                                  \
+    quantize_block(xb, length, rule, order, global_scale, global_decode_scale, per_tensor, target_scale_max,      \
+                   scale_mbits, scale_emin, scale_emax, zero_repair, mode, random_bits ? random_bits + b * L : NULL, \
+                   filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0, inner_len,       \
+                   inner_stride, outer_stride, payload + b * L, block_amax + b, scale_values + b,                 \
+                   decode_scales + b, flags + b, selection, tensor_amax, target_f)
+            if (L == 16)
+                QUANTIZE_BLOCK(16);
+            else
+                QUANTIZE_BLOCK(L);
+#undef QUANTIZE_BLOCK
         }
         for (int64_t b = b0; b < b1; ++b) { /* bit 2 from the block just written (still in cache) */
             if (!(block_amax[b] > 0.0f && scale_values[b] > 0.0f)) continue;
