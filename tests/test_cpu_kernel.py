@@ -214,7 +214,7 @@ def test_a_slice_is_summed_whole_in_fp32_only_where_every_partial_sum_is_exact(g
     for rounding in ("rtz", "rne"):
         got, expected, whole, total = _whole_slice_gemm(pa, sa, pb, sb, rounding)
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), (gap, rounding)
-        assert total == 2 * 2 * 2 and whole == (total if gap <= 5 else total // 2), (gap, whole, total)
+        assert whole == (total if gap <= 5 else total // 2), (gap, whole, total)
 
 
 @pytest.mark.skipif(

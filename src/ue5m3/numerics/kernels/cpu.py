@@ -366,7 +366,7 @@ def probe_gemm_payload(
     """The probe-matched GEMM from payloads and block scales (see ``ue5m3_probe_gemm_payload``): A [M, K] with
     scales [M, K/block], B [K, N] with scales [K/block, ceil(N/column_block)]; the same bits as
     :func:`probe_gemm` on the encoded operands wherever the caller's span check holds. With ``count_whole``, also
-    how many of the 6 x 16 tiles' slices were summed whole in FP32 (the AVX2 kernel's fast path) and of how many."""
+    how many of the tiles' slices (6 or 8 rows by 16 columns) were summed whole in FP32 and of how many."""
     tensors = [t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b)]
     (m, k), n = tensors[0].shape, tensors[2].shape[1]
     if tensors[2].shape[0] != k or block % 16 or width % 16 or k % width:
@@ -392,5 +392,6 @@ def probe_gemm_payload(
     if status:
         raise MemoryError("probe_gemm_payload could not allocate its packed operands")
     if count_whole:
-        return out, int(whole), -(-m // 6) * -(-n // 16) * (k // width)
+        rows = 8 if gemm_vector_bits() == 512 else 6  # the micro-kernels' tile: 8 or 6 rows by 16 columns
+        return out, int(whole), -(-m // rows) * -(-n // 16) * (k // width)
     return out

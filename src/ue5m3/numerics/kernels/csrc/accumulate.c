@@ -152,13 +152,30 @@ static inline int slice_exact_in_fp32(const slice_bound *a, const slice_bound *b
 }
 
 #if UE5M3_AVX512
-/* The payload path with one 16-lane FP32 register per row for a sub-block and two 8-lane FP64 slice sums (no
- * whole-slice path: bound_a and bound_b are NULL). Returns the number of slices summed whole (none). */
+/* The payload path with one 16-lane FP32 register per row: over a whole slice where the tile's bounds allow it (the
+ * AVX2 kernel's whole-slice path), else per sub-block into two 8-lane FP64 slice sums (times B's scale exponents
+ * where bf is given, B fully encoded where it is NULL). Returns the number of slices summed whole. */
 static int64_t micro_payload(const float *ap, const float *bp, const double *bf, const slice_bound *bound_a,
                              const slice_bound *bound_b, int64_t kc, int64_t width, int rtz, float *acc) {
-    (void)bound_a;
-    (void)bound_b;
+    int64_t whole = 0;
     for (int64_t s = 0; s < kc; s += width) {
+        if (!bf && bound_a && slice_exact_in_fp32(bound_a + s / width, bound_b + s / width)) {
+            __m512 c[AMR];
+            for (int r = 0; r < AMR; ++r) c[r] = _mm512_setzero_ps();
+            const float *a = ap + s * AMR, *b = bp + s * PNR;
+            for (int64_t k = 0; k < width; ++k, a += AMR, b += PNR) {
+                __m512 b0 = _mm512_loadu_ps(b);
+                for (int r = 0; r < AMR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), b0, c[r]);
+            }
+            for (int r = 0; r < AMR; ++r) {
+                __m256 p0 = _mm512_castps512_ps256(c[r]), p1 = _mm512_extractf32x8_ps(c[r], 1);
+                __m256 c0 = _mm256_loadu_ps(acc + r * PNR), c1 = _mm256_loadu_ps(acc + r * PNR + 8);
+                _mm256_storeu_ps(acc + r * PNR, rtz ? add_rtz8(c0, p0) : _mm256_add_ps(c0, p0));
+                _mm256_storeu_ps(acc + r * PNR + 8, rtz ? add_rtz8(c1, p1) : _mm256_add_ps(c1, p1));
+            }
+            ++whole;
+            continue;
+        }
         __m512d lo[AMR], hi[AMR];
         for (int r = 0; r < AMR; ++r) lo[r] = hi[r] = _mm512_setzero_pd();
         for (int64_t j = s; j < s + width; j += SUB) {
@@ -169,11 +186,18 @@ static int64_t micro_payload(const float *ap, const float *bp, const double *bf,
                 __m512 b0 = _mm512_loadu_ps(b);
                 for (int r = 0; r < AMR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), b0, c[r]);
             }
-            const double *f = bf + (j / SUB) * PNR;
-            __m512d f0 = _mm512_loadu_pd(f), f1 = _mm512_loadu_pd(f + 8);
-            for (int r = 0; r < AMR; ++r) {
-                lo[r] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(c[r])), f0, lo[r]);
-                hi[r] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(c[r], 1)), f1, hi[r]);
+            if (bf) {
+                const double *f = bf + (j / SUB) * PNR;
+                __m512d f0 = _mm512_loadu_pd(f), f1 = _mm512_loadu_pd(f + 8);
+                for (int r = 0; r < AMR; ++r) {
+                    lo[r] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(c[r])), f0, lo[r]);
+                    hi[r] = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(c[r], 1)), f1, hi[r]);
+                }
+            } else {
+                for (int r = 0; r < AMR; ++r) {
+                    lo[r] = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(c[r])), lo[r]);
+                    hi[r] = _mm512_add_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(c[r], 1)), hi[r]);
+                }
             }
         }
         for (int r = 0; r < AMR; ++r) {
@@ -183,7 +207,7 @@ static int64_t micro_payload(const float *ap, const float *bp, const double *bf,
             _mm256_storeu_ps(acc + r * PNR + 8, rtz ? add_rtz8(c1, p1) : _mm256_add_ps(c1, p1));
         }
     }
-    return 0;
+    return whole;
 }
 #else
 /* The 6 x 16 tile of FP32 sums c<row><half> both payload paths use: zeroed, then one K-step (6 A values, 16 B ones). */
@@ -417,9 +441,8 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
                              float alpha, float *c, int64_t *whole) {
     int64_t bands = (m + AMR - 1) / AMR, panels = (n + PNR - 1) / PNR, subs = k / SUB, slices = k / width;
     int64_t scols = (n + cb - 1) / cb, sblocks = k / block;
-    /* B fully encoded where the scales allow (AVX2 kernel; the AVX-512 one always takes B's exponents apart); then
-     * each tile slice whose bounds allow it is summed whole in FP32 */
-    int fully_encoded = !UE5M3_AVX512 && fully_encoded_b_exact(sa, m * sblocks, sb, sblocks * scols);
+    /* B fully encoded where the scales allow; then each tile slice whose bounds allow it is summed whole in FP32 */
+    int fully_encoded = fully_encoded_b_exact(sa, m * sblocks, sb, sblocks * scols);
     float *ap = (float *)calloc((size_t)(bands * k * AMR), sizeof(float));
     float *bp = (float *)calloc((size_t)(panels * k * PNR), sizeof(float));
     double *bf = fully_encoded ? NULL : (double *)calloc((size_t)(panels * subs * PNR), sizeof(double));
