@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -489,3 +491,28 @@ def test_every_eligible_linear_converts_and_the_model_still_trains(name):
     ids = torch.randint(model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_a_meta_build_for_module_names_does_not_import_torch_dynamo():
+    """What a config check builds (every shipped model on the meta device, for its linears' names) stays off
+    torch._dynamo, whose import a meta normal_ (nn.Embedding's own initialisation) costs each job over a second."""
+    script = (
+        "import sys\n"
+        "from ue5m3 import models\n"
+        "from ue5m3.training.config import model_layers\n"
+        "for name in models.names():\n"
+        "    models.eligible_linears(models.build(name))\n"
+        "model_layers('nemotron_h_debug')\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert shown.stdout.strip() == "False", shown.stdout + shown.stderr
+
+
+def test_a_meta_embedding_is_a_shell_and_a_real_one_is_initialised_as_torch_does():
+    meta = models.layers.embedding(10, 4, device="meta")
+    assert meta.weight.is_meta and meta.weight.shape == (10, 4) and meta.weight.requires_grad
+    torch.manual_seed(0)
+    real = models.layers.embedding(10, 4, device="cpu")
+    torch.manual_seed(0)
+    assert torch.equal(real.weight, nn.Embedding(10, 4).weight)

@@ -718,6 +718,19 @@ def test_an_override_no_linear_of_the_model_matches_is_left_out_when_resolved():
     assert resolved.target_overrides[0].layers == (12, 13, 14, 15)  # the paper's 350M control
 
 
+def test_an_override_no_shipped_model_matches_is_refused_naming_them():
+    """A typo matches no linear of the run's model nor of any other shipped model (their lists are built only on
+    this path): refused, naming the models looked at."""
+    base = recipes.get("ue5m3_b16")
+    typo = dataclasses.replace(base.target_overrides[0], module="*.mlp.down_projj")
+    with pytest.raises(
+        ValueError, match=r"'\*\.mlp\.down_projj' matches no linear of model 'dense_350m' nor .*nemotron_h_8b"
+    ):
+        dataclasses.replace(base, target_overrides=(typo,)).for_model(model_layers("dense_350m"))
+    with pytest.raises(TypeError, match="shipped_linears"):
+        ModelLayers(model="m", kinds=(), linears=(), shipped_linears=["nemotron_h_8b"])
+
+
 def test_a_resolved_override_on_a_bf16_layer_is_refused():
     r = dataclasses.replace(recipes.get("ue5m3_b16"), bf16_layers=LayerSelector(last=1))
     with pytest.raises(

@@ -66,7 +66,8 @@ class ModelLayers:
     shipped_linears: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The eligible linears of each other model the project ships (by name): an override that matches none of this
     model's linears but some of these is written for another model and left out here; one matching none at all
-    (a typo) is refused."""
+    (a typo) is refused. Read only on that path, so a lazy mapping (one that builds a model's list when first asked)
+    is kept as given; a plain dict is copied with tuple values."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
@@ -79,7 +80,10 @@ class ModelLayers:
             kinds.append(frozenset(LayerKind(k) for k in layer))
         object.__setattr__(self, "kinds", tuple(kinds))
         object.__setattr__(self, "linears", tuple(self.linears))
-        object.__setattr__(self, "shipped_linears", {k: tuple(v) for k, v in dict(self.shipped_linears).items()})
+        if not isinstance(self.shipped_linears, Mapping):
+            _fail(TypeError, "shipped_linears", f"expected a mapping, got {type(self.shipped_linears).__name__}")
+        if type(self.shipped_linears) is dict:
+            object.__setattr__(self, "shipped_linears", {k: tuple(v) for k, v in self.shipped_linears.items()})
 
     @property
     def depth(self) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ue5m3.models.layers import ACTIVATIONS, MLP, Attention, OutputHead, RMSNorm, init_normal_
+from ue5m3.models.layers import ACTIVATIONS, MLP, Attention, OutputHead, RMSNorm, embedding, init_normal_
 
 __all__ = ["DenseConfig", "DenseBlock", "DenseDecoder", "DenseTransformer"]
 
@@ -130,7 +130,7 @@ class DenseDecoder(nn.Module):
 
     def __init__(self, cfg: DenseConfig, *, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size, device=device)
         self.layers = nn.ModuleList(DenseBlock(cfg, device=device) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device)
 

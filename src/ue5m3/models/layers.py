@@ -33,6 +33,15 @@ def init_normal_(weight: torch.Tensor, std: float, generator: torch.Generator | 
         nn.init.normal_(weight, mean=0.0, std=std, generator=generator)
 
 
+def embedding(num_embeddings: int, dim: int, *, device: torch.device | str | None = None) -> nn.Embedding:
+    """An ``nn.Embedding``; on the meta device without its own initialisation (``init_weights`` initialises every
+    weight after ``to_empty``): a meta ``normal_`` imports torch._dynamo, over a second of each process that only
+    wants the model's module names."""
+    if device is not None and torch.device(device).type == "meta":
+        return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim, device="meta"))
+    return nn.Embedding(num_embeddings, dim, device=device)
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, normalised in FP32 and returned in the input dtype."""
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ue5m3.models.layers import MLP, Attention, OutputHead, RMSNorm, at_least_fp32, init_normal_
+from ue5m3.models.layers import MLP, Attention, OutputHead, RMSNorm, at_least_fp32, embedding, init_normal_
 from ue5m3.models.ssd import ssd_scan
 
 __all__ = ["NemotronHConfig", "GatedRMSNorm", "Mamba2Mixer", "NemotronHBlock", "NemotronHBackbone", "NemotronH"]
@@ -317,7 +317,7 @@ class NemotronHBackbone(nn.Module):
 
     def __init__(self, cfg: NemotronHConfig, *, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device=device)
+        self.embeddings = embedding(cfg.vocab_size, cfg.hidden_size, device=device)
         self.layers = nn.ModuleList(NemotronHBlock(k, cfg, device=device) for k in cfg.hybrid_override_pattern)
         self.norm_f = RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon, device=device)
 

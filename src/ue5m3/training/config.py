@@ -100,13 +100,32 @@ def _shipped_linears(model: str) -> tuple[str, ...]:
     return tuple(models.eligible_linears(models.build(model, device="meta")))
 
 
+class _ShippedLinears(Mapping):
+    """The other shipped models' eligible linears, each built when first read: only an override that matches none
+    of the run's own linears reads them, and the 8B model's meta build alone takes over a second."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        if name not in self._names:
+            raise KeyError(name)
+        return _shipped_linears(name)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @functools.cache
 def _model_layers(model: str, overrides_json: str) -> ModelLayers:
     from ue5m3 import models
 
     cfg = models.config(model, **json.loads(overrides_json))
     linears = models.eligible_linears(models.build_from_config(cfg, device="meta"))
-    shipped = {name: _shipped_linears(name) for name in models.names() if name != model}
+    shipped = _ShippedLinears(tuple(name for name in models.names() if name != model))
     return ModelLayers(model=model, kinds=models.layer_kinds(cfg), linears=tuple(linears), shipped_linears=shipped)
 
 
