@@ -140,6 +140,17 @@ def test_probe_matched_kernels_equal_the_torch_path_bit_for_bit(scheme, shape, b
         assert torch.equal(payload.view(torch.int32), encoded.view(torch.int32))
 
 
+def _whole_slice_gemm(pa, sa, pb, sb, rounding="rtz"):
+    """The payload kernel with its count of whole-slice tiles, and the FP64 encoded kernel's bits beside it."""
+    kwargs = {"width": 64, "rtz": rounding == "rtz", "grid": None, "alpha": 1.0}
+    got, whole, total = cpu_kernel.probe_gemm_payload(
+        pa, sa, pb, sb, block=16, column_block=1, count_whole=True, **kwargs
+    )
+    encoded_a = pa.double() * sa.double().repeat_interleave(16, 1)
+    encoded_b = pb.double() * sb.double().repeat_interleave(16, 0)
+    return got, cpu_kernel.probe_gemm(encoded_a, encoded_b, **kwargs), whole, total
+
+
 def _payload_operands(m: int, k: int, n: int, a_exponent: int, b_exponent: int, seed: int):
     """E2M1 payloads with blocks-of-16 scales of 6 significant bits, the most the kernel takes (some zero). B's scale
     exponents lie in [b_exponent, b_exponent + 2]; A's in [a_exponent + 6r, a_exponent + 6r + 2] on row r, so a few
@@ -176,24 +187,9 @@ def test_the_payload_kernel_is_exact_on_both_sides_of_its_fully_encoded_bound(a_
     subnormal FP32 products and ragged tiles included."""
     m, k, n = 13, 128, 40
     pa, sa, pb, sb = _payload_operands(m, k, n, a_exponent, b_exponent, seed=a_exponent * 1000 + b_exponent)
-    encoded_a = pa.double() * sa.double().repeat_interleave(16, 1)
-    encoded_b = pb.double() * sb.double().repeat_interleave(16, 0)
-    kwargs = {"width": 64, "rtz": rounding == "rtz", "grid": None, "alpha": 1.0}
-    expected = cpu_kernel.probe_gemm(encoded_a, encoded_b, **kwargs)
-    got = cpu_kernel.probe_gemm_payload(pa, sa, pb, sb, block=16, column_block=1, **kwargs)
+    got, expected, _, _ = _whole_slice_gemm(pa, sa, pb, sb, rounding)
     assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
     assert float((got != 0).float().mean()) > 0.5
-
-
-def _whole_slice_gemm(pa, sa, pb, sb, rounding="rtz"):
-    """The payload kernel with its count of whole-slice tiles, and the FP64 encoded kernel's bits beside it."""
-    kwargs = {"width": 64, "rtz": rounding == "rtz", "grid": None, "alpha": 1.0}
-    got, whole, total = cpu_kernel.probe_gemm_payload(
-        pa, sa, pb, sb, block=16, column_block=1, count_whole=True, **kwargs
-    )
-    encoded_a = pa.double() * sa.double().repeat_interleave(16, 1)
-    encoded_b = pb.double() * sb.double().repeat_interleave(16, 0)
-    return got, cpu_kernel.probe_gemm(encoded_a, encoded_b, **kwargs), whole, total
 
 
 @pytest.mark.skipif(

@@ -93,6 +93,7 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     lib.ue5m3_scale_extremes.restype = None
     lib.ue5m3_has_payload_gemm.restype = ctypes.c_int
     lib.ue5m3_gemm_vector_bits.restype = ctypes.c_int
+    lib.ue5m3_payload_tile_rows.restype = ctypes.c_int
     return lib
 
 
@@ -392,6 +393,6 @@ def probe_gemm_payload(
     if status:
         raise MemoryError("probe_gemm_payload could not allocate its packed operands")
     if count_whole:
-        rows = 8 if gemm_vector_bits() == 512 else 6  # the micro-kernels' tile: 8 or 6 rows by 16 columns
+        rows = load().ue5m3_payload_tile_rows()  # the micro-kernels' tiles: 6 (AVX2) or 8 (AVX-512) rows by 16
         return out, int(whole), -(-m // rows) * -(-n // 16) * (k // width)
     return out

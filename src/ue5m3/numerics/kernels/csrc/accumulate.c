@@ -380,21 +380,7 @@ static inline float scale_significand(float s, int *e) {
     return f * 2.0f;
 }
 
-/* The floor(log2) of the smallest and of the largest positive of n FP32 values (0 if none is positive). */
-static int positive_exponents(const float *v, int64_t n, int *lowest, int *highest) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-        if (!(v[i] > 0.0f)) continue;
-        if (v[i] > hi) hi = v[i];
-        if (lo == 0.0f || v[i] < lo) lo = v[i];
-    }
-    if (hi == 0.0f) return 0;
-    frexpf(lo, lowest);
-    frexpf(hi, highest);
-    *lowest -= 1;
-    *highest -= 1;
-    return 1;
-}
+void ue5m3_scale_extremes(const float *scales, int64_t n, float *out); /* below: the largest and smallest positive */
 
 /* Whether B may be packed fully encoded (payload * scale) with every 16-element sub-block sum still exact in FP32.
  * With scales of at most 6 significant bits (the payload path's limit, checked by the caller) and exponents ea, eb,
@@ -403,13 +389,22 @@ static int positive_exponents(const float *v, int64_t n, int *lowest, int *highe
  * is exact when ea + eb >= -137 (a quantum no finer than FP32's 2^-149) and ea + eb <= 115 (no overflow), for every
  * pair of an A and a B scale. */
 static int fully_encoded_b_exact(const float *sa, int64_t na, const float *sb, int64_t nb) {
-    int a_lo, a_hi, b_lo, b_hi;
-    if (!positive_exponents(sa, na, &a_lo, &a_hi) || !positive_exponents(sb, nb, &b_lo, &b_hi)) return 1;
-    return a_lo + b_lo >= -137 && a_hi + b_hi <= 115;
+    float a[2], b[2];
+    ue5m3_scale_extremes(sa, na, a);
+    ue5m3_scale_extremes(sb, nb, b);
+    if (a[0] == 0.0f || b[0] == 0.0f) return 1; /* no positive scale on a side: every product is zero */
+    int a_hi, a_lo, b_hi, b_lo; /* frexp exponents: floor(log2) + 1 on both sides, so the sums shift by 2 */
+    frexpf(a[0], &a_hi);
+    frexpf(a[1], &a_lo);
+    frexpf(b[0], &b_hi);
+    frexpf(b[1], &b_lo);
+    return a_lo + b_lo - 2 >= -137 && a_hi + b_hi - 2 <= 115;
 }
 
-/* The lowest set bit of a positive finite FP32 value, as an FP64 power of two. */
-static inline double lowest_bit(float v) {
+/* The quantum of a block's encoded values, half its scale's lowest set bit (E2M1 payloads are multiples of 1/2), as
+ * an FP64 power of two; infinite for a zero scale, whose block holds only zeros. */
+static inline double scale_quantum(float v) {
+    if (!(v > 0.0f)) return INFINITY;
     uint32_t b = f2u(v), mantissa = b & 0x7FFFFFu;
     int e = (int)(b >> 23);
     if (e) {
@@ -418,7 +413,7 @@ static inline double lowest_bit(float v) {
     } else {
         e = -149;
     }
-    return ldexp(1.0, e + __builtin_ctz(mantissa));
+    return ldexp(1.0, e + __builtin_ctz(mantissa) - 1);
 }
 
 static const slice_bound no_values = {0.0, 0.0, INFINITY, 0.0, 0.0};
@@ -463,7 +458,7 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
                 double l1 = 0.0, max = 0.0, q = INFINITY;
                 for (int64_t kk = sl * width; kk < (sl + 1) * width; kk += SUB) {
                     const float scale = sa[row * sblocks + kk / block];
-                    if (bound_a && scale > 0.0f && 0.5 * lowest_bit(scale) < q) q = 0.5 * lowest_bit(scale);
+                    if (bound_a) q = fmin(q, scale_quantum(scale));
                     for (int64_t i = kk; i < kk + SUB; ++i) {
                         const float v = pa[row * k + i] * scale, magnitude = fabsf(v);
                         ap[(band * k + i) * AMR + r] = v;
@@ -490,8 +485,8 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
                     int e;
                     sig = scale_significand(scale, &e);
                     bf[(p * subs + j) * PNR + t] = ldexp(1.0, e);
-                } else if (scale > 0.0f && 0.5 * lowest_bit(scale) < q[t]) {
-                    q[t] = 0.5 * lowest_bit(scale);
+                } else {
+                    q[t] = fmin(q[t], scale_quantum(scale));
                 }
                 for (int64_t kk = j * SUB; kk < (j + 1) * SUB; ++kk) {
                     const float v = pb[kk * n + col] * sig, magnitude = fabsf(v);
@@ -685,6 +680,12 @@ int ue5m3_probe_gemm_payload(const float *pa, const float *sa, const float *pb, 
 int ue5m3_has_payload_gemm(void) { return UE5M3_AVX2; }
 /* The vector width of the probe-matched GEMM's micro-kernels: 512 (AVX-512), 256 (AVX2 + FMA), 0 (portable). */
 int ue5m3_gemm_vector_bits(void) { return UE5M3_AVX512 ? 512 : UE5M3_AVX2 ? 256 : 0; }
+/* The rows of the payload GEMM's tiles (6 on AVX2, 8 on AVX-512; 0 without the payload path); its tiles are 16 wide. */
+#if UE5M3_AVX2
+int ue5m3_payload_tile_rows(void) { return AMR; }
+#else
+int ue5m3_payload_tile_rows(void) { return 0; }
+#endif
 
 /* The probe-matched GEMM's exactness check from per-block data only (gemm._span_bits, the same arithmetic): per
  * row of a [rows, nblocks] grid of block scales (an A row, or a B column), the largest over its K slices of
