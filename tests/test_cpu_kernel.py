@@ -278,6 +278,51 @@ def test_the_kernels_e2m1_packing_is_the_torch_ops_bit_for_bit():
         cpu_kernel.pack_e2m1(torch.zeros(3))
 
 
+@pytest.mark.parametrize("fmt", [formats.UE5M3, formats.UE5M3_ALL_FINITE, formats.E4M3, formats.E2M3, formats.E3M2])
+def test_the_kernels_scale_codes_are_codes_of_values_for_every_code_of_the_format(fmt):
+    """Every value of each format the C encoder takes (subnormals, zero, signed zero, the largest codes): the same
+    codes as the torch ops; a format it does not take (UE8M0: 2^-127 is no normal FP32 number) is refused."""
+    assert cpu_kernel.takes_scale_codes(fmt)
+    codes = torch.arange(1 << fmt.bits)
+    magnitudes = codes & ((1 << (fmt.bits - 1)) - 1) if fmt.signed else codes
+    codes = codes[magnitudes <= fmt.max_magnitude_code]  # the finite codes
+    values = formats.decode(codes, fmt).reshape(-1, 1)  # a column: the encoder reads any shape
+    expected = formats.codes_of_values(values, fmt).to(torch.uint8)
+    assert torch.equal(cpu_kernel.scale_codes(values, fmt), expected)
+    assert torch.equal(expected.reshape(-1).to(torch.int64), codes)
+    assert not cpu_kernel.takes_scale_codes(UE8M0)
+    with pytest.raises(ValueError, match="scale_codes takes"):
+        cpu_kernel.scale_codes(values, UE8M0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.name}-{s.scale_order}-{s.scale_rule}")
+@pytest.mark.parametrize("g", [0.0, 2.0**-149, 1e-30, 3.0e-6, 1.0, 447.0, 6.5e4, 3.0e38, torch.finfo().max])
+def test_the_host_tensor_factors_are_the_0_dim_tensor_ops_bit_for_bit(scheme, g):
+    """The CPU kernel's tensor scale (G, 1/G, torchao's divisor) formed on the host: the FP32 bits of the 0-dim
+    tensor ops, at zero, subnormal, tiny and huge references (G overflowing to the cap, 1/G subnormal)."""
+    from ue5m3.numerics.scale_rules import host_tensor_factors, tensor_factors
+
+    on_host = torch.tensor(host_tensor_factors(scheme, g), dtype=torch.float32)
+    on_tensors = torch.stack(tensor_factors(scheme, torch.tensor(g, dtype=torch.float32)))
+    assert torch.equal(on_host.view(torch.int32), on_tensors.view(torch.int32))
+
+
+@pytest.mark.parametrize("g_a", [0.0, 1e-30, 3.0, 3.0e38])
+@pytest.mark.parametrize("g_b", [0.0, 2.5e-3, 7.0e30])
+def test_the_host_gemm_alpha_is_the_0_dim_tensor_ops_bit_for_bit(g_a, g_b):
+    """alpha of two CPU operands formed on the host: the FP32 bits of the tensor ops (kept for other devices), at
+    zero references, under- and overflowing products, and an operand without a tensor scale (MXFP4)."""
+    g = torch.Generator().manual_seed(5)
+    for scheme_b in ("ue5m3_b16", "mxfp4"):
+        a_q = quantize(torch.randn(4, 32, generator=g), "ue5m3_b16", tensor_amax=g_a)
+        held = {"tensor_amax": g_b} if get_scheme(scheme_b).uses_tensor_amax else {}
+        b_q = quantize(torch.randn(32, 4, generator=g), scheme_b, axis=0, **held)
+        g_a_t, d_a = gemm._operand_factor(a_q)
+        g_b_t, d_b = gemm._operand_factor(b_q)
+        expected = (g_a_t * g_b_t) / (d_a * d_b)
+        assert torch.equal(gemm.alpha(a_q, b_q).view(torch.int32), expected.view(torch.int32))
+
+
 @pytest.mark.parametrize("scheme", SCHEMES[:8], ids=lambda s: f"{s.name}-{s.scale_order}-{s.scale_rule}")
 @pytest.mark.parametrize("b_two_d", [False, True])
 def test_the_kernels_slice_span_check_is_the_torch_spans_largest_per_row_and_column(scheme, b_two_d):

@@ -315,7 +315,7 @@ def load_for_inference(
         scales = InferenceScales(policy)
         select = cfg.fp4_select if cfg.fp4_select is not None else tuple(models.eligible_linears(model))
         convert(model, recipe, select=select, scale_state=scales)  # type: ignore[arg-type]  # same reference() API
-    model.to_empty(device=device)
+    models.materialize(model, device)
     model.load_state_dict(state)
     model.eval()
     for module in model.modules():

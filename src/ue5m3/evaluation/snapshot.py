@@ -269,7 +269,7 @@ def run_snapshot(
     cfg = read_run_config(run_dir)
     state, manifest, path = load_checkpoint_weights(run_dir, step)
     model = models.build(cfg.model, device="meta", **cfg.model_overrides)
-    model.to_empty(device=torch.device(device) if device is not None else default_device())
+    models.materialize(model, torch.device(device) if device is not None else default_device())
     model.load_state_dict(state)
     parallelize.checkpoint_blocks(model, range(len(models.blocks(model))))  # as the trainer's 8B step
     if window is None:

@@ -51,6 +51,7 @@ __all__ = [
     "count_parameters",
     "eligible_linears",
     "layer_kinds",
+    "materialize",
     "names",
     "no_weight_decay",
     "set_ssd_groups_per_pass",
@@ -156,9 +157,21 @@ def build_from_config(
     if dtype is not None:
         model = model.to(dtype)
     if torch.device(device).type != "meta":
-        model = model.to_empty(device=device)
+        model = materialize(model, device)
         model.init_weights(generator)
     return model
+
+
+def materialize(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """``model.to_empty(device=device)`` for a module of plain tensors: uninitialised storage of each parameter's and
+    buffer's shape, strides and dtype on ``device``. ``to_empty``'s ``empty_like`` of a meta tensor goes through
+    torch's Python reference implementations, whose first use imports sympy (0.6-2 s of every process that loads a
+    model); a module holding tensor subclasses (FSDP2's DTensors) goes through ``to_empty`` itself."""
+    device = torch.device(device)
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
+        return model.to_empty(device=device)
+    return model._apply(lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device))
 
 
 def build(

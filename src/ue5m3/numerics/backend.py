@@ -53,7 +53,11 @@ class Backend(StrEnum):
 @contextlib.contextmanager
 def exact_fp32(device: torch.device) -> Iterator[None]:
     """IEEE FP32 matmuls on ``device`` inside the block: autocast off (on CUDA it would silently run the decoded and
-    encoded GEMMs, the exact-path slices and the FP32 head in BF16) and, on CUDA, TF32 off; restored on exit."""
+    encoded GEMMs, the exact-path slices and the FP32 head in BF16) and, on CUDA, TF32 off; restored on exit. On the
+    CPU with autocast off, as it nearly always is, there is nothing to change (the block costs no context objects)."""
+    if device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+        yield
+        return
     with contextlib.ExitStack() as stack:
         if torch.amp.is_autocast_available(device.type):
             stack.enter_context(torch.autocast(device.type, enabled=False))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 
+import numpy as np
 import torch
 
 from ue5m3.numerics.backend import Backend, exact_fp32, triton_by_default, triton_device_reason, triton_import_reason
@@ -84,8 +85,22 @@ def _operand_factor(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(zero, one, g), torch.where(zero, one, target_f.to(one.device))
 
 
+def _host_operand_factor(q: QuantizedTensor) -> tuple[np.float32, np.float32]:
+    """:func:`_operand_factor` of a CPU operand, read and formed on the host as NumPy float32 scalars."""
+    one = np.float32(1.0)
+    g = np.float32(float(q.tensor_amax)) if q.scheme.uses_tensor_amax else one
+    if g == 0 or not q.scheme.uses_tensor_amax:
+        return one, one
+    return g, np.float32(float(q.scheme.target)) * np.float32(q.scheme.element.max_finite)
+
+
 def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor) -> torch.Tensor:
-    """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one)."""
+    """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one); for CPU
+    operands the same FP32 operations on the host (NumPy float32 scalars: IEEE single precision, as torch's)."""
+    if a_q.tensor_amax.device.type == "cpu" and b_q.tensor_amax.device.type == "cpu":
+        (g_a, d_a), (g_b, d_b) = _host_operand_factor(a_q), _host_operand_factor(b_q)
+        with np.errstate(over="ignore", under="ignore"):
+            return torch.tensor(float((g_a * g_b) / (d_a * d_b)), dtype=torch.float32)
     g_a, d_a = _operand_factor(a_q)
     g_b, d_b = _operand_factor(b_q)
     return (g_a * g_b) / (d_a * d_b)

@@ -27,6 +27,7 @@ read of the tensor on the Triton backend. The public names of the parts are re-e
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -200,7 +201,12 @@ def _reference(
 
 def _checked_amax(x: torch.Tensor, name: str, checks: DeferredChecks | None) -> torch.Tensor:
     """max|x| as a 0-dim FP32 tensor from one pass that also checks finiteness (aminmax propagates NaN and Inf):
-    deferred into ``checks`` when given, else raised now naming the tensor."""
+    deferred into ``checks`` when given, else raised now naming the tensor. On the CPU the two extremes are read and
+    combined on the host (reading is free there, and a finite tensor leaves nothing to defer)."""
+    if x.device.type == "cpu" and x.numel():
+        low, high = (float(v) for v in torch.aminmax(x))
+        if math.isfinite(low) and math.isfinite(high):
+            return torch.tensor(abs(max(-low, high)), dtype=torch.float32)
     zero = torch.zeros((), device=x.device)
     low, high = torch.aminmax(x) if x.numel() else (zero, zero)
     current = torch.maximum(-low, high).abs()  # abs: an all-zero tensor's amax is +0.0, as on the torch path
@@ -213,7 +219,12 @@ def _checked_amax(x: torch.Tensor, name: str, checks: DeferredChecks | None) -> 
 
 def _held_reference(tensor_amax: torch.Tensor | float, name: str, checks: DeferredChecks | None) -> torch.Tensor:
     """A given tensor reference as a 0-dim FP32 tensor, checked finite and >= 0 (deferred for device tensors when
-    ``checks`` is given)."""
+    ``checks`` is given; a CPU tensor is read, and passes with nothing deferred)."""
+    if isinstance(tensor_amax, torch.Tensor) and tensor_amax.device.type == "cpu" and tensor_amax.numel() == 1:
+        g = tensor_amax.to(torch.float32).reshape(())
+        value = float(g)
+        if math.isfinite(value) and value >= 0:
+            return g
     if isinstance(tensor_amax, torch.Tensor) and checks is not None:
         g = tensor_amax.to(torch.float32).reshape(())
         checks.defer(

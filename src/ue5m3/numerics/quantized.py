@@ -153,7 +153,11 @@ class QuantizedTensor:
             if element.bits <= 4:
                 payload = payload[..., 0::2] | (payload[..., 1::2] << 4)  # blocks have an even size
         scales = self.scale_values
-        if scale.bits <= 8:
+        if scale.bits <= 8 and _scale_codes_on_cpu_kernel(scale, scales, kernel):
+            from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+            scales = cpu_kernel.scale_codes(scales, scale)
+        elif scale.bits <= 8:
             scales = formats.codes_of_values(scales, scale).to(torch.uint8)
         shared = {**_shared_fields(self), "lost_blocks": self.underflowed_blocks}  # counted once, kept with the codes
         return PackedQuantized(scale_codes=scales, payload_codes=payload, **shared)
@@ -253,6 +257,16 @@ def _packs_on_cpu_kernel(element: FloatFormat, device: torch.device, kernel: boo
     from ue5m3.numerics.kernels import cpu as cpu_kernel
 
     return cpu_kernel.available()
+
+
+def _scale_codes_on_cpu_kernel(scale: FloatFormat, values: torch.Tensor, kernel: bool | None) -> bool:
+    """Whether the C kernel encodes these scale values (FP32 on the CPU, a format it takes, ``kernel=None``, where
+    the kernel builds); the torch ops otherwise, the same bits."""
+    if kernel is not None or values.device.type != "cpu" or values.dtype != torch.float32:
+        return False
+    from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+    return cpu_kernel.takes_scale_codes(scale) and cpu_kernel.available()
 
 
 _SHARED_FIELDS = (

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 from ue5m3.numerics import formats
@@ -53,6 +54,7 @@ __all__ = [
     "SCALE_RULES",
     "tensor_global_scale",
     "tensor_factors",
+    "host_tensor_factors",
     "tensor_scaled",
     "mx_floor",
     "mx_ceil",
@@ -120,6 +122,30 @@ def tensor_factors(scheme: BlockScheme, g: torch.Tensor) -> tuple[torch.Tensor, 
     if scheme.scale_rule is ScaleRule.TENSOR_SCALED and scheme.scale_order is ScaleOrder.TORCHAO:
         per_tensor = _torchao_per_tensor(scheme, g)
     return scale, decode_scale, per_tensor
+
+
+def host_tensor_factors(scheme: BlockScheme, g: float) -> tuple[float, float, float]:
+    """:func:`tensor_factors` for a reference g held on the host (a CPU tensor's value): the same FP32 operations on
+    NumPy float32 scalars (IEEE single precision, round to nearest even, as torch's CPU ops), returned as Python
+    floats. A CPU quantization forms them without a dozen 0-dim tensor ops (``tests/test_cpu_kernel.py`` checks
+    both paths bit for bit, zero, tiny and huge references included)."""
+    one = np.float32(1.0)
+    if not scheme.uses_tensor_amax:
+        return 1.0, 1.0, 1.0
+    amax = np.float32(g)
+    target_f = np.float32(float(scheme.target)) * np.float32(scheme.element.max_finite)
+    if amax == 0:
+        scale = one
+    else:
+        with np.errstate(over="ignore", under="ignore"):
+            scale = min(target_f / amax, np.float32(FP32_MAX))
+        scale = one if scale == 0 else scale
+    decode_scale = one / scale
+    per_tensor = one
+    if scheme.scale_rule is ScaleRule.TENSOR_SCALED and scheme.scale_order is ScaleOrder.TORCHAO and amax != 0:
+        with np.errstate(under="ignore"):
+            per_tensor = amax / target_f
+    return float(scale), float(decode_scale), float(per_tensor)
 
 
 # ----- the rules ----------------------------------------------------------------------------------------

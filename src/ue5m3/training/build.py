@@ -93,7 +93,7 @@ def build_model(cfg: TrainConfig, recipe: recipes.Recipe, device: torch.device) 
     model, records = build_shell(cfg, recipe, rank=rank, world_size=world_size)
     if shard:
         parallelize.apply_fsdp(model, cfg, _converted(records))
-    model.to_empty(device=device)
+    models.materialize(model, device)
     full = initial_state(cfg)
     if shard:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -22,7 +22,7 @@ from ue5m3.numerics import philox
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.layout import BlockLayout
 from ue5m3.numerics.quantized import QuantizedTensor
-from ue5m3.numerics.scale_rules import tensor_factors
+from ue5m3.numerics.scale_rules import host_tensor_factors, tensor_factors
 from ue5m3.numerics.schemes import BlockScheme, ScaleRule
 
 __all__ = ["KernelCall", "fits_two_axis_kernel", "quantize_on_kernel", "quantize_both_axes_on_triton"]
@@ -82,9 +82,12 @@ def quantize_on_kernel(
         from ue5m3.numerics.kernels import cpu as fused
 
     layout = call.layout
-    factors = tensor_factors(call.scheme, call.tensor_amax)
-    # the CPU kernel takes host floats (free on the CPU); Triton reads the 0-dim device tensors in the kernel (no sync)
-    global_scale, global_decode_scale, per_tensor = (float(f) for f in factors) if kernel != "triton" else factors
+    if kernel == "triton":  # Triton reads the 0-dim device tensors in the kernel (no sync)
+        factors = tensor_factors(call.scheme, call.tensor_amax)
+        global_scale, global_decode_scale, per_tensor = factors
+    else:  # the CPU kernel takes host floats, formed on the host (reading a CPU tensor is free)
+        global_scale, global_decode_scale, per_tensor = host_tensor_factors(call.scheme, float(call.tensor_amax))
+        factors = (_scalar(global_scale), _scalar(global_decode_scale), None)
     length = blocks.shape[-1]
     if kernel != "triton" and blocks.ndim >= 3 and blocks.stride(-1) != 1:  # the CPU kernel reads a strided view
         flat = blocks.flatten(0, -3)  # a view for 2-D inputs (blocks along tokens of a transposed operand included)
@@ -106,6 +109,10 @@ def quantize_on_kernel(
     return _from_kernel(out, call, factors, blocks.shape)
 
 
+def _scalar(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
 def _from_kernel(
     out: dict[str, torch.Tensor],
     call: KernelCall,
@@ -114,9 +121,13 @@ def _from_kernel(
 ) -> QuantizedTensor:
     """A fused kernel's flat outputs (per block, and the payload [n_blocks, block]) as a quantized tensor whose
     block view is ``block_view``; ``factors`` are the tensor scale's (G, 1/G, torchao's divisor) it was given."""
-    flags = out["flags"]
     block_shape = block_view[:-1]
     global_scale, global_decode_scale, _ = factors
+    if "zero_rounded_blocks" in out:  # the C kernel counts its flags as it writes them
+        zero_rounded, saturated = out["zero_rounded_blocks"], out["saturated_blocks"]
+    else:
+        flags = out["flags"]
+        zero_rounded, saturated = (flags & 1).sum(dtype=torch.int64), ((flags >> 1) & 1).sum(dtype=torch.int64)
     return QuantizedTensor(
         scheme=call.scheme,
         rounding=call.rounding,
@@ -128,9 +139,9 @@ def _from_kernel(
         scale_values=out["scales"].reshape(*block_shape, 1),
         decode_scales_blocks=out["decode"].reshape(*block_shape, 1),
         payload_blocks=out["payload"].reshape(block_view),
-        zero_rounded_blocks=(flags & 1).sum(dtype=torch.int64),
-        saturated_blocks=((flags >> 1) & 1).sum(dtype=torch.int64),
-        lost_blocks=out.get("lost_blocks"),  # the C kernel counts underflowed blocks as it writes them
+        zero_rounded_blocks=zero_rounded,
+        saturated_blocks=saturated,
+        lost_blocks=out.get("lost_blocks"),
     )
 
 

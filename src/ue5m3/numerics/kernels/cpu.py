@@ -33,6 +33,8 @@ __all__ = [
     "probe_gemm",
     "probe_gemm_payload",
     "pack_e2m1",
+    "scale_codes",
+    "takes_scale_codes",
     "unpack_e2m1",
     "slice_span_max",
     "scale_extremes",
@@ -83,6 +85,8 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     payload = lib.ue5m3_probe_gemm_payload
     payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p, p]
     payload.restype = ctypes.c_int
+    lib.ue5m3_scale_codes.argtypes = [p, i64, i32, i32, u32, p]
+    lib.ue5m3_scale_codes.restype = None
     for name in ("ue5m3_pack_e2m1", "ue5m3_unpack_e2m1"):
         getattr(lib, name).argtypes = [p, i64, p]
         getattr(lib, name).restype = None
@@ -143,6 +147,26 @@ def pack_e2m1(payload: torch.Tensor) -> torch.Tensor:
     payload = payload.contiguous()
     out = torch.empty(*payload.shape[:-1], payload.shape[-1] // 2, dtype=torch.uint8)
     load().ue5m3_pack_e2m1(payload.data_ptr(), out.numel(), out.data_ptr())
+    return out
+
+
+def takes_scale_codes(fmt) -> bool:
+    """Whether :func:`scale_codes` encodes values of the :class:`~ue5m3.numerics.formats.FloatFormat` ``fmt``: one
+    with subnormals, at most 8 bits and every value zero or a normal FP32 number (UE5M3, E4M3, UE4M3; not UE8M0)."""
+    return fmt.subnormals and fmt.bits <= 8 and fmt.min_exponent - fmt.mantissa_bits >= -126
+
+
+def scale_codes(values: torch.Tensor, fmt) -> torch.Tensor:
+    """The uint8 codes of FP32 CPU ``values`` that ``fmt`` holds exactly (:func:`takes_scale_codes`):
+    ``formats.codes_of_values(values, fmt).to(torch.uint8)`` in one pass, the same bits."""
+    if values.dtype != torch.float32 or values.device.type != "cpu" or not takes_scale_codes(fmt):
+        raise ValueError(f"scale_codes takes FP32 CPU values of a format with subnormals in 8 bits, got {fmt.name}")
+    values = values.contiguous()
+    out = torch.empty(values.shape, dtype=torch.uint8)
+    sign_bit = 1 << (fmt.bits - 1) if fmt.signed else 0
+    load().ue5m3_scale_codes(
+        values.data_ptr(), values.numel(), fmt.mantissa_bits, fmt.min_exponent, sign_bit, out.data_ptr()
+    )
     return out
 
 
@@ -251,8 +275,13 @@ def quantize_blocks(
         tensor_amax,
         target_f,
     )
-    lost = ((flags >> 2) & 1).sum(dtype=torch.int64)  # QuantizedTensor.underflowed_blocks, from the kernel's bit 2
-    return {"payload": payload, "flags": flags, "lost_blocks": lost, **per_block}
+    # the blocks per flag (bit 0 zero-rounded, 1 saturated, 2 underflowed) from one histogram of the flag bytes
+    per_value = torch.bincount(flags, minlength=8).tolist() if nblocks else [0] * 8
+    counts = {
+        key: torch.tensor(sum(n for value, n in enumerate(per_value) if value >> bit & 1), dtype=torch.int64)
+        for bit, key in enumerate(("zero_rounded_blocks", "saturated_blocks", "lost_blocks"))
+    }
+    return {"payload": payload, "flags": flags, **counts, **per_block}
 
 
 def probe_gemm(

@@ -353,6 +353,29 @@ void ue5m3_pack_e2m1(const float *payload, int64_t pairs, uint8_t *out) {
         out[p] = (uint8_t)(e2m1_code(payload[2 * p]) | (e2m1_code(payload[2 * p + 1]) << 4));
 }
 
+/* The codes of FP32 values a scale format holds exactly (QuantizedTensor.pack's scale codes, formats.codes_of_values'
+ * bits): for a value normal in the format, its exponent field (exponent - min_exponent + 1) over the top
+ * mantissa_bits of its FP32 fraction; for one of its subnormals (and zero), field 0 over the integer significand
+ * value * 2^(mantissa_bits - min_exponent); the sign bit where the format has one. The caller passes a format with
+ * subnormals, at most 8 bits and min_exponent >= -126, so every value is zero or a normal FP32 number. */
+void ue5m3_scale_codes(const float *values, int64_t n, int mantissa_bits, int min_exponent, uint32_t sign_bit,
+                       uint8_t *out) {
+    const int shift = 23 - mantissa_bits;
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        memcpy(&bits, &values[i], sizeof bits);
+        const uint32_t magnitude = bits & 0x7FFFFFFFu;
+        const int exponent = (int)(magnitude >> 23) - 127;
+        uint32_t code = 0;
+        if (magnitude != 0 && exponent >= min_exponent)
+            code = ((uint32_t)(exponent - min_exponent + 1) << mantissa_bits) | ((magnitude & 0x7FFFFFu) >> shift);
+        else if (magnitude != 0)
+            code = ((magnitude & 0x7FFFFFu) | 0x800000u) >> (shift + min_exponent - exponent);
+        if (bits >> 31) code |= sign_bit;
+        out[i] = (uint8_t)code;
+    }
+}
+
 void ue5m3_unpack_e2m1(const uint8_t *codes, int64_t pairs, float *out) {
     for (int64_t p = 0; p < pairs; ++p) {
         out[2 * p] = e2m1_values[codes[p] & 0x0F];
