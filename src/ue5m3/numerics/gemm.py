@@ -184,6 +184,14 @@ def _span_max(q: QuantizedTensor, operand: str, block: int, width: int, n: int) 
     )
 
 
+def _beyond(spans: torch.Tensor, budget: int) -> torch.Tensor:
+    """The indices of the rows (or columns) whose largest slice span exceeds ``budget``: one read of the largest
+    first, as nearly always none does."""
+    if not spans.numel() or int(spans.max()) <= budget:
+        return spans.new_empty(0, dtype=torch.int64)
+    return torch.nonzero(spans > budget).flatten()
+
+
 def _encoded_fp64(twice_payload: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Exact encoded values payload * scale in FP64, formed in FP32 unless a scale is huge: (2p) * s * 0.5 has at
     most 8 significant bits and, for scales >= 2^-127, is a multiple of 2^-149, so only overflow can be inexact."""
@@ -574,8 +582,8 @@ def _matmul(
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
         # the per-block span check in one C pass per operand (the largest slice span of each row and column)
-        bad_rows = torch.nonzero(_span_max(a_q, "A", block, slice_width, n) > row_budget).flatten()
-        bad_cols = torch.nonzero(_span_max(b_q, "B", block, slice_width, n) > 53 - guard - row_budget).flatten()
+        bad_rows = _beyond(_span_max(a_q, "A", block, slice_width, n), row_budget)
+        bad_cols = _beyond(_span_max(b_q, "B", block, slice_width, n), 53 - guard - row_budget)
         out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():
             ops = _exact_operands(a_q, b_q, block, slice_width)
