@@ -356,7 +356,7 @@ def test_the_kernels_slice_span_check_is_the_torch_spans_largest_per_row_and_col
     [get_scheme("ue5m3_b16"), get_scheme("nvfp4"), get_scheme("mxfp4"), get_scheme("nvfp4_4over6_mse")],
     ids=lambda s: s.name,
 )
-@pytest.mark.parametrize("rounding", ["rne", "sf", "sr_te"])
+@pytest.mark.parametrize("rounding", ["rne", "sf", "sr_te", "sr"])
 def test_the_kernel_reads_a_transposed_operands_blocks_in_place_to_the_same_bits(scheme, rounding):
     """dY^T and W^T along tokens: the blocks of a transposed view are read in place (strided), the Philox stream's
     bits drawn at the same global indices; equal to the torch path and to the contiguous copy's quantization."""

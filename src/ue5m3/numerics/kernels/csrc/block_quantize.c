@@ -312,11 +312,21 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int64_t i
                 for (int64_t i = 0; i < L; ++i) gathered[i] = xb[i * stride_l];
                 xb = gathered;
             }
+            /* a block whose elements' counters are not consecutive (a strided view's): its words from one vectorised
+             * fill over its elements' global indices, in place of a scalar Philox evaluation per element */
+            const uint32_t *block_words = filled ? words + 4 * ((b - b0) * L / per) : NULL;
+            if (sp && !filled && L <= PHILOX_MAX_COUNTERS) {
+                uint64_t index[PHILOX_MAX_COUNTERS];
+                for (int64_t i = 0; i < L; ++i)
+                    index[i] = (uint64_t)(block_base[b] + (i / inner_len) * outer_stride + (i % inner_len) * inner_stride);
+                philox_fill_elements(sp, index, (int)L, words);
+                block_words = words;
+            }
             /* blocks of 16 (the recipes' usual length) get their own copy with the length a constant */
 #define QUANTIZE_BLOCK(length)                                                                                  \
     quantize_block(xb, length, rule, order, global_scale, global_decode_scale, per_tensor, target_scale_max,      \
                    scale_mbits, scale_emin, scale_emax, zero_repair, mode, random_bits ? random_bits + b * L : NULL, \
-                   filled ? words + 4 * ((b - b0) * L / per) : NULL, sp, sp ? block_base[b] : 0, inner_len,       \
+                   block_words, sp, sp ? block_base[b] : 0, inner_len,                                             \
                    inner_stride, outer_stride, payload + b * L, block_amax + b, scale_values + b,                 \
                    decode_scales + b, flags + b, selection, tensor_amax, target_f)
             if (L == 16)

@@ -47,15 +47,10 @@ static inline uint64_t philox_element_bits(const philox_stream *s, uint64_t inde
 
 #define PHILOX_MAX_COUNTERS 256
 
-/* Words of n consecutive counters starting at group `first` into out[4 * i + word], in structure-of-arrays
- * loops the compiler vectorises (32x32->64 multiplies). n <= PHILOX_MAX_COUNTERS. */
-static inline void philox_fill(const philox_stream *s, uint64_t first, int n, uint32_t *out) {
-    uint32_t c0[PHILOX_MAX_COUNTERS], c1[PHILOX_MAX_COUNTERS], c2[PHILOX_MAX_COUNTERS], c3[PHILOX_MAX_COUNTERS];
-    for (int i = 0; i < n; ++i) {
-        uint64_t g = first + (uint64_t)i;
-        c0[i] = (uint32_t)g; c1[i] = (uint32_t)(g >> 32); c2[i] = s->step; c3[i] = s->microbatch;
-    }
-    uint32_t k0 = s->k0, k1 = s->k1;
+/* The ten rounds on n counters held as structure of arrays, in loops the compiler vectorises (32x32->64
+ * multiplies). */
+static inline void philox_rounds(uint32_t *c0, uint32_t *c1, uint32_t *c2, uint32_t *c3, int n, uint32_t k0,
+                                 uint32_t k1) {
     for (int r = 0; r < 10; ++r) {
         if (r) { k0 += PHILOX_W0; k1 += PHILOX_W1; }
         for (int i = 0; i < n; ++i) {
@@ -64,8 +59,43 @@ static inline void philox_fill(const philox_stream *s, uint64_t first, int n, ui
             c0[i] = n0; c1[i] = (uint32_t)p1; c2[i] = n2; c3[i] = (uint32_t)p0;
         }
     }
+}
+
+/* Words of n consecutive counters starting at group `first` into out[4 * i + word]. n <= PHILOX_MAX_COUNTERS. */
+static inline void philox_fill(const philox_stream *s, uint64_t first, int n, uint32_t *out) {
+    uint32_t c0[PHILOX_MAX_COUNTERS], c1[PHILOX_MAX_COUNTERS], c2[PHILOX_MAX_COUNTERS], c3[PHILOX_MAX_COUNTERS];
+    for (int i = 0; i < n; ++i) {
+        uint64_t g = first + (uint64_t)i;
+        c0[i] = (uint32_t)g; c1[i] = (uint32_t)(g >> 32); c2[i] = s->step; c3[i] = s->microbatch;
+    }
+    philox_rounds(c0, c1, c2, c3, n, s->k0, s->k1);
     for (int i = 0; i < n; ++i) {
         out[4 * i] = c0[i]; out[4 * i + 1] = c1[i]; out[4 * i + 2] = c2[i]; out[4 * i + 3] = c3[i];
+    }
+}
+
+/* The words of n elements at arbitrary global indices (a strided view's block: its elements' counters are not
+ * consecutive), laid out as philox_fill lays out a consecutive run's, so that philox_bits_of(out + 4 * (i / per),
+ * i % per) is element i's bits: each element's own counter through the vectorised rounds (one counter per element,
+ * where a consecutive run shares one among `per`), then its lane's word (per == 4) or two words (per == 2) moved to
+ * element i's place. n <= PHILOX_MAX_COUNTERS. */
+static inline void philox_fill_elements(const philox_stream *s, const uint64_t *index, int n, uint32_t *out) {
+    uint32_t c0[PHILOX_MAX_COUNTERS], c1[PHILOX_MAX_COUNTERS], c2[PHILOX_MAX_COUNTERS], c3[PHILOX_MAX_COUNTERS];
+    const int per = philox_per_counter(s->bit_count);
+    for (int i = 0; i < n; ++i) {
+        uint64_t g = index[i] / (uint64_t)per;
+        c0[i] = (uint32_t)g; c1[i] = (uint32_t)(g >> 32); c2[i] = s->step; c3[i] = s->microbatch;
+    }
+    philox_rounds(c0, c1, c2, c3, n, s->k0, s->k1);
+    for (int i = 0; i < n; ++i) {
+        const uint32_t w[4] = {c0[i], c1[i], c2[i], c3[i]};
+        const int lane = (int)(index[i] % (uint64_t)per);
+        if (per == 4) {
+            out[i] = w[lane];
+        } else {
+            out[4 * (i / 2) + 2 * (i % 2)] = w[2 * lane];
+            out[4 * (i / 2) + 2 * (i % 2) + 1] = w[2 * lane + 1];
+        }
     }
 }
 #endif
