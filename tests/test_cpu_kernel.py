@@ -295,6 +295,29 @@ def test_the_kernels_scale_codes_are_codes_of_values_for_every_code_of_the_forma
         cpu_kernel.scale_codes(values, UE8M0)
 
 
+def test_the_kernels_dead_zone_counts_are_the_torch_ops_counts():
+    """The scale telemetry's dead zone of a stochastic rounding: elements at exactly a quarter of the scaled unit,
+    just inside and outside it, zeros, a zero decode scale (its reciprocal capped at FP32 max) and a huge one."""
+    from ue5m3.numerics import philox
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(64, 64, generator=g) * torch.exp2(torch.randint(-30, 10, (64, 4), generator=g)).repeat_interleave(
+        16, 1
+    )
+    x[0, :4] = 0.0
+    stream = philox.RandomStream(3, "m", "wgrad_upstream_gradient", 1, 0)
+    q = quantize(x, "ue5m3_b16", rounding="sf", stream=stream)
+    decode = q.decode_scales_blocks.clone()
+    blocks = q.layout.to_blocks(x).clone()
+    blocks[1, 0, :3] = decode[1, 0] * torch.tensor([0.25, 0.2499999, 0.2500001])  # the boundary, on the scaled value
+    decode[2, 0], decode[3, 0] = 0.0, 3.0e38
+    scaled = blocks * torch.clamp(torch.reciprocal(decode), max=torch.finfo(torch.float32).max)
+    dead = (scaled.abs() <= 0.25) & (blocks != 0)
+    expected = (int(dead.sum()), int((dead & (q.payload_blocks != 0)).sum()))
+    assert expected[0] > expected[1] > 0
+    assert cpu_kernel.dead_zone_counts(blocks, decode, q.payload_blocks) == expected
+
+
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.name}-{s.scale_order}-{s.scale_rule}")
 @pytest.mark.parametrize("g", [0.0, 2.0**-149, 1e-30, 3.0e-6, 1.0, 447.0, 6.5e4, 3.0e38, torch.finfo().max])
 def test_the_host_tensor_factors_are_the_0_dim_tensor_ops_bit_for_bit(scheme, g):

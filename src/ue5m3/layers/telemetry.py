@@ -195,7 +195,15 @@ def observe(
     high = torch.where(positive, log2, torch.full_like(log2, -math.inf)).amax()
     nonzero_elements = torch.count_nonzero(source)
     zero = torch.zeros((), dtype=torch.int64, device=device)
-    if stochastic:
+    if stochastic and device.type == "cpu" and q.payload_blocks.device.type == "cpu" and _cpu_kernel_available():
+        from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+        # the C kernel's one pass over the same FP32 operations as the torch ops below
+        dead, kept = cpu_kernel.dead_zone_counts(
+            q.layout.to_blocks(source.to(torch.float32)), q.decode_scales_blocks, q.payload_blocks
+        )
+        dead_zone, rescued, sr_elements = (torch.tensor(dead), torch.tensor(kept), nonzero_elements)
+    elif stochastic:
         # the dead zone of round to nearest, on the scaled input as the encoder forms it (reciprocal, then multiply)
         x = q.layout.to_blocks(source.to(torch.float32))
         scaled = x * torch.clamp(torch.reciprocal(q.decode_scales_blocks), max=FP32_MAX)
@@ -223,6 +231,12 @@ def observe(
     row[:_SUMMED] += torch.stack([_as_stat(v, device) for v in sums])
     row[_SUMMED] = torch.minimum(row[_SUMMED], low)
     row[_SUMMED + 1 :] = torch.maximum(row[_SUMMED + 1 :], torch.stack([high, margin]))
+
+
+def _cpu_kernel_available() -> bool:
+    from ue5m3.numerics.kernels import cpu as cpu_kernel
+
+    return cpu_kernel.available()
 
 
 class OperandChecks(DeferredChecks):

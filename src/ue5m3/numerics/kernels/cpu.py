@@ -33,6 +33,7 @@ __all__ = [
     "probe_gemm",
     "probe_gemm_payload",
     "pack_e2m1",
+    "dead_zone_counts",
     "scale_codes",
     "takes_scale_codes",
     "unpack_e2m1",
@@ -85,6 +86,8 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     payload = lib.ue5m3_probe_gemm_payload
     payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p, p]
     payload.restype = ctypes.c_int
+    lib.ue5m3_dead_zone_counts.argtypes = [p, p, p, i64, i64, p]
+    lib.ue5m3_dead_zone_counts.restype = None
     lib.ue5m3_scale_codes.argtypes = [p, i64, i32, i32, u32, p]
     lib.ue5m3_scale_codes.restype = None
     for name in ("ue5m3_pack_e2m1", "ue5m3_unpack_e2m1"):
@@ -168,6 +171,23 @@ def scale_codes(values: torch.Tensor, fmt) -> torch.Tensor:
         values.data_ptr(), values.numel(), fmt.mantissa_bits, fmt.min_exponent, sign_bit, out.data_ptr()
     )
     return out
+
+
+def dead_zone_counts(blocks: torch.Tensor, decode_scales: torch.Tensor, payload: torch.Tensor) -> tuple[int, int]:
+    """(elements of the FP32 CPU ``blocks`` (..., L) in round to nearest's dead zone, those of them ``payload`` kept
+    nonzero), ``decode_scales`` (..., 1) being each block's: the dead-zone sums of ``telemetry.observe`` for a
+    stochastic rounding in one pass, the same counts."""
+    length = blocks.shape[-1]
+    tensors = [t.to(torch.float32).reshape(-1, n).contiguous() for t, n in ((blocks, length), (decode_scales, 1))]
+    payload = payload.to(torch.float32).reshape(-1, length).contiguous()
+    if payload.shape != tensors[0].shape or tensors[1].shape[0] != payload.shape[0]:
+        raise ValueError("dead_zone_counts takes blocks and a payload of one shape, and one decode scale per block")
+    out = torch.zeros(2, dtype=torch.int64)
+    load().ue5m3_dead_zone_counts(
+        tensors[0].data_ptr(), tensors[1].data_ptr(), payload.data_ptr(), payload.shape[0], length, out.data_ptr()
+    )
+    dead, rescued = out.tolist()
+    return dead, rescued
 
 
 def unpack_e2m1(codes: torch.Tensor) -> torch.Tensor:

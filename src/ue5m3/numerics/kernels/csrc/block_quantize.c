@@ -345,6 +345,27 @@ void ue5m3_quantize_blocks(const float *x, int64_t nblocks, int64_t L, int64_t i
     }
 }
 
+/* Scale telemetry of a stochastically rounded quantization (ue5m3.layers.telemetry.observe) in one pass: the
+ * elements of the FP32 blocks x (nblocks, L) in round to nearest's dead zone, |x * min(1 / decode, FP32 max)| <= 1/4
+ * with x != 0 (the scaled value formed as the encoder forms it), into out[0], and how many of those the payload kept
+ * nonzero into out[1]. */
+void ue5m3_dead_zone_counts(const float *x, const float *decode_scales, const float *payload, int64_t nblocks,
+                            int64_t L, int64_t *out) {
+    int64_t dead = 0, rescued = 0;
+    for (int64_t b = 0; b < nblocks; ++b) {
+        float reciprocal = 1.0f / decode_scales[b];
+        if (reciprocal > 3.40282346638528859812e+38f) reciprocal = 3.40282346638528859812e+38f;
+        const float *xb = x + b * L, *pb = payload + b * L;
+        for (int64_t i = 0; i < L; ++i) {
+            const int in_zone = fabsf(xb[i] * reciprocal) <= 0.25f && xb[i] != 0.0f;
+            dead += in_zone;
+            rescued += in_zone & (pb[i] != 0.0f);
+        }
+    }
+    out[0] = dead;
+    out[1] = rescued;
+}
+
 /* E2M1 storage form (QuantizedTensor.pack / PackedQuantized.unpack): codes two per byte, element 2i in the low
  * nibble, sign in bit 3. The codes are formats.e2m1_codes' (a table on the truncated 2|v| of an E2M1 value, the sign
  * from its sign bit, -0.0 included); decoding is the E2M1 value table, code 8 being -0.0. */
