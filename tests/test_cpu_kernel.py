@@ -343,6 +343,7 @@ def test_the_host_gemm_alpha_is_the_0_dim_tensor_ops_bit_for_bit(g_a, g_b):
         g_a_t, d_a = gemm._operand_factor(a_q)
         g_b_t, d_b = gemm._operand_factor(b_q)
         expected = (g_a_t * g_b_t) / (d_a * d_b)
+        assert torch.equal(gemm.alpha(a_q, b_q, host=True).view(torch.int32), expected.view(torch.int32))
         assert torch.equal(gemm.alpha(a_q, b_q).view(torch.int32), expected.view(torch.int32))
 
 

@@ -94,10 +94,11 @@ def _host_operand_factor(q: QuantizedTensor) -> tuple[np.float32, np.float32]:
     return g, np.float32(float(q.scheme.target)) * np.float32(q.scheme.element.max_finite)
 
 
-def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor) -> torch.Tensor:
-    """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one); for CPU
-    operands the same FP32 operations on the host (NumPy float32 scalars: IEEE single precision, as torch's)."""
-    if a_q.tensor_amax.device.type == "cpu" and b_q.tensor_amax.device.type == "cpu":
+def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor, *, host: bool = False) -> torch.Tensor:
+    """alpha = (g_A * g_B) / ((T_A * 6) * (T_B * 6)) in FP32 (a factor is 1 for an operand without one); with
+    ``host``, for CPU operands, the same FP32 operations on the host (NumPy float32 scalars: IEEE single precision,
+    as torch's), as the C kernel's GEMM takes it."""
+    if host and a_q.tensor_amax.device.type == "cpu" and b_q.tensor_amax.device.type == "cpu":
         (g_a, d_a), (g_b, d_b) = _host_operand_factor(a_q), _host_operand_factor(b_q)
         with np.errstate(over="ignore", under="ignore"):
             return torch.tensor(float((g_a * g_b) / (d_a * d_b)), dtype=torch.float32)
@@ -539,9 +540,8 @@ def _matmul(
     m, k, n, block = check_operands(a_q, b_q)
     if model is OutputModel.DECODED:
         return torch.matmul(a_q.dequantize(), b_q.dequantize())
-    scale = alpha(a_q, b_q)
     if model is OutputModel.ENCODED_FP32:
-        return torch.matmul(a_q.encoded(), b_q.encoded()) * scale
+        return torch.matmul(a_q.encoded(), b_q.encoded()) * alpha(a_q, b_q)
     if cross_slice_rounding not in (Rounding.RTZ, Rounding.RNE):
         raise ValueError(f"cross_slice_rounding must be 'rtz' or 'rne', got {cross_slice_rounding.value!r}")
     if model is OutputModel.MMA_SIM and slice_width != 64:
@@ -556,6 +556,7 @@ def _matmul(
     use_triton = _takes_triton(model, backend, a_q)
     rtz = cross_slice_rounding is Rounding.RTZ
     if use_triton:  # complete in-kernel (a fast path where exact, the TwoSum chain elsewhere): no host read
+        scale = alpha(a_q, b_q)
         from ue5m3.numerics.kernels import triton_gemm, triton_mma_sim
 
         operands = (a_q.payload, a_q.scales, b_q.payload, b_q.scales)
@@ -584,6 +585,7 @@ def _matmul(
         # the per-block span check in one C pass per operand (the largest slice span of each row and column)
         bad_rows = _beyond(_span_max(a_q, "A", block, slice_width, n), row_budget)
         bad_cols = _beyond(_span_max(b_q, "B", block, slice_width, n), 53 - guard - row_budget)
+        scale = alpha(a_q, b_q, host=True)
         out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():
             ops = _exact_operands(a_q, b_q, block, slice_width)
@@ -602,6 +604,7 @@ def _matmul(
                     * scale
                 )
         return out
+    scale = alpha(a_q, b_q)
     a2, sa = blocked_along_k(a_q, "A", block)
     b2, sb = blocked_along_k(b_q, "B", block)
     out = torch.empty(m, n, dtype=torch.float32, device=a2.device)

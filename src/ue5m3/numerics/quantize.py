@@ -142,7 +142,9 @@ def quantize(
     if rounding.random_bit_count and random_bits is None and stream is None:
         stream = formats.anonymous_stream(generator)
     bits = _payload_bits(x, rounding, random_bits, generator, stream, index, name, kernel_draws=kernel is not None)
-    g = _reference(x, tensor_amax, name, checks, current=kernel is not None)
+    # on the CPU, outside the Triton path (whose CPU run under the interpreter stands for a device's), the reference
+    # is read and checked on the host
+    g = _reference(x, tensor_amax, name, checks, current=kernel is not None, host=kernel != "triton")
     if kernel is None:
         rule = SCALE_RULES[scheme.scale_rule]
         blocks = layout.to_blocks(x)
@@ -189,21 +191,22 @@ def _reference(
     checks: DeferredChecks | None,
     *,
     current: bool,
+    host: bool = False,
 ) -> torch.Tensor | None:
     """The tensor reference g of one quantization: the held ``tensor_amax`` checked, or x's current amax when
     ``current`` (the kernels' paths); None leaves it to the torch path, which takes it from its block maxima. With a
     held reference x is still checked finite, by the one pass an amax takes."""
     if tensor_amax is None and not current:
         return None
-    amax = _checked_amax(x, name, checks)
-    return amax if tensor_amax is None else _held_reference(tensor_amax, name, checks)
+    amax = _checked_amax(x, name, checks, host=host)
+    return amax if tensor_amax is None else _held_reference(tensor_amax, name, checks, host=host)
 
 
-def _checked_amax(x: torch.Tensor, name: str, checks: DeferredChecks | None) -> torch.Tensor:
+def _checked_amax(x: torch.Tensor, name: str, checks: DeferredChecks | None, *, host: bool = False) -> torch.Tensor:
     """max|x| as a 0-dim FP32 tensor from one pass that also checks finiteness (aminmax propagates NaN and Inf):
-    deferred into ``checks`` when given, else raised now naming the tensor. On the CPU the two extremes are read and
-    combined on the host (reading is free there, and a finite tensor leaves nothing to defer)."""
-    if x.device.type == "cpu" and x.numel():
+    deferred into ``checks`` when given, else raised now naming the tensor. With ``host``, a CPU tensor's two extremes
+    are read and combined on the host (reading is free there, and a finite tensor leaves nothing to defer)."""
+    if host and x.device.type == "cpu" and x.numel():
         low, high = (float(v) for v in torch.aminmax(x))
         if math.isfinite(low) and math.isfinite(high):
             return torch.tensor(abs(max(-low, high)), dtype=torch.float32)
@@ -217,10 +220,12 @@ def _checked_amax(x: torch.Tensor, name: str, checks: DeferredChecks | None) -> 
     return current
 
 
-def _held_reference(tensor_amax: torch.Tensor | float, name: str, checks: DeferredChecks | None) -> torch.Tensor:
+def _held_reference(
+    tensor_amax: torch.Tensor | float, name: str, checks: DeferredChecks | None, *, host: bool = False
+) -> torch.Tensor:
     """A given tensor reference as a 0-dim FP32 tensor, checked finite and >= 0 (deferred for device tensors when
-    ``checks`` is given; a CPU tensor is read, and passes with nothing deferred)."""
-    if isinstance(tensor_amax, torch.Tensor) and tensor_amax.device.type == "cpu" and tensor_amax.numel() == 1:
+    ``checks`` is given; with ``host`` a CPU tensor is read, and passes with nothing deferred)."""
+    if host and isinstance(tensor_amax, torch.Tensor) and tensor_amax.device.type == "cpu" and tensor_amax.numel() == 1:
         g = tensor_amax.to(torch.float32).reshape(())
         value = float(g)
         if math.isfinite(value) and value >= 0:
