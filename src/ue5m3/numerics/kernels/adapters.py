@@ -123,7 +123,7 @@ def _from_kernel(
     block view is ``block_view``; ``factors`` are the tensor scale's (G, 1/G, torchao's divisor) it was given."""
     block_shape = block_view[:-1]
     global_scale, global_decode_scale, _ = factors
-    if "zero_rounded_blocks" in out:  # the C kernel counts its flags as it writes them
+    if "zero_rounded_blocks" in out:  # the C kernel's adapter counted its flags (one histogram)
         zero_rounded, saturated = out["zero_rounded_blocks"], out["saturated_blocks"]
     else:
         flags = out["flags"]
