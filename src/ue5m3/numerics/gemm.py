@@ -43,6 +43,7 @@ from ue5m3.numerics.exact import add_rounded, check_grid, rtz_fp64_to_fp32, snap
 from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
 from ue5m3.numerics.quantized import QuantizedTensor
+from ue5m3.numerics.scale_rules import host_target_f
 
 __all__ = [
     "OutputModel",
@@ -91,7 +92,7 @@ def _host_operand_factor(q: QuantizedTensor) -> tuple[np.float32, np.float32]:
     g = np.float32(float(q.tensor_amax)) if q.scheme.uses_tensor_amax else one
     if g == 0 or not q.scheme.uses_tensor_amax:
         return one, one
-    return g, np.float32(float(q.scheme.target)) * np.float32(q.scheme.element.max_finite)
+    return g, host_target_f(q.scheme)
 
 
 def alpha(a_q: QuantizedTensor, b_q: QuantizedTensor, *, host: bool = False) -> torch.Tensor:

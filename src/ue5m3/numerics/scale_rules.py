@@ -55,6 +55,7 @@ __all__ = [
     "tensor_global_scale",
     "tensor_factors",
     "host_tensor_factors",
+    "host_target_f",
     "tensor_scaled",
     "mx_floor",
     "mx_ceil",
@@ -124,6 +125,11 @@ def tensor_factors(scheme: BlockScheme, g: torch.Tensor) -> tuple[torch.Tensor, 
     return scale, decode_scale, per_tensor
 
 
+def host_target_f(scheme: BlockScheme) -> np.float32:
+    """T * F, the FP32 product of the scheme's target and its element format's largest value, as a NumPy float32."""
+    return np.float32(float(scheme.target)) * np.float32(scheme.element.max_finite)
+
+
 def host_tensor_factors(scheme: BlockScheme, g: float) -> tuple[float, float, float]:
     """:func:`tensor_factors` for a reference g held on the host (a CPU tensor's value): the same FP32 operations on
     NumPy float32 scalars (IEEE single precision, round to nearest even, as torch's CPU ops), returned as Python
@@ -133,7 +139,7 @@ def host_tensor_factors(scheme: BlockScheme, g: float) -> tuple[float, float, fl
     if not scheme.uses_tensor_amax:
         return 1.0, 1.0, 1.0
     amax = np.float32(g)
-    target_f = np.float32(float(scheme.target)) * np.float32(scheme.element.max_finite)
+    target_f = host_target_f(scheme)
     if amax == 0:
         scale = one
     else:
