@@ -394,3 +394,121 @@ def test_the_kernel_reads_a_transposed_operands_blocks_in_place_to_the_same_bits
     on_kernel = quantize(x.t(), scheme, backend="cpu_kernel", **common)
     assert_same_quantized(quantize(x.t(), scheme, backend="torch", **common), on_kernel)
     assert_same_quantized(quantize(x.t().contiguous(), scheme, backend="cpu_kernel", **common), on_kernel)
+
+
+def _wide_span_operands(scheme: str, m: int, k: int, n: int, b_two_d: bool, spread: float, seed: int):
+    """Operands whose block magnitudes vary by 2^(spread * N(0, 1)) block by block, so that many slices span more
+    than FP64's 53 bits (and, for E8M0 scales at large spreads, more than the TwoSum chain's 106), with zero blocks."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g) * torch.exp2(spread * torch.randn(m, k // 16, generator=g)).repeat_interleave(16, 1)
+    b = torch.randn(k, n, generator=g) * torch.exp2(spread * torch.randn(k // 16, n, generator=g)).repeat_interleave(16, 0)
+    a[1, 16:48] = 0.0
+    b[:32, 2] = 0.0
+    return quantize(a, scheme), quantize(b, scheme, axis=0, two_d=b_two_d)
+
+
+@pytest.mark.parametrize("scheme", ["ue5m3_b16", "ue5m3_b32", "nvfp4", "mxfp4", "mxfp4_b16"])
+@pytest.mark.parametrize(("shape", "b_two_d"), [((9, 128, 21), False), ((8, 192, 40), True), ((5, 64, 33), True)])
+@pytest.mark.parametrize("spread", [6.0, 30.0])
+@pytest.mark.parametrize(("rounding", "grid"), [("rtz", 1024), ("rne", None)])
+def test_the_kernels_exact_outputs_are_the_torch_exact_paths_bits_for_any_span(
+    scheme, shape, b_two_d, spread, rounding, grid
+):
+    """ue5m3_probe_exact_outputs on every row, then on every column, gives the torch path's result (its FP64 slice
+    sums where exact, its TwoSum chain and round-to-odd elsewhere) bit for bit, and so does the kernel path with the
+    span check choosing the outputs; outputs it is not asked for are left alone."""
+    m, k, n = shape
+    a_q, b_q = _wide_span_operands(scheme, m, k, n, b_two_d, spread, seed=m + k + n)
+    kwargs = {"cross_slice_rounding": rounding, "final_grid": grid}
+    reference = gemm.matmul(a_q, b_q, "probe_matched", backend="torch", **kwargs).view(torch.int32)
+    alpha = float(gemm.alpha(a_q, b_q))
+    layout = {"block": a_q.scheme.block_size, "column_block": a_q.scheme.block_size if b_two_d else 1}
+    every = {"rows": torch.arange(m), "cols": torch.arange(0)}, {"rows": torch.arange(0), "cols": torch.arange(n)}
+    for outputs in every:
+        out = torch.full((m, n), float("nan"))
+        cpu_kernel.probe_exact_outputs(
+            out, a_q.payload, a_q.scales, b_q.payload, b_q.scales, width=64, rtz=rounding == "rtz", grid=grid,
+            alpha=alpha, **layout, **outputs,
+        )
+        assert torch.equal(out.view(torch.int32), reference)
+    some = torch.full((m, n), float("nan"))
+    cpu_kernel.probe_exact_outputs(
+        some, a_q.payload, a_q.scales, b_q.payload, b_q.scales, rows=torch.tensor([m - 1]), cols=torch.tensor([0]),
+        width=64, rtz=rounding == "rtz", grid=grid, alpha=alpha, **layout,
+    )
+    asked = torch.zeros(m, n, dtype=torch.bool)
+    asked[m - 1], asked[:, 0] = True, True
+    assert torch.equal(some.view(torch.int32)[asked], reference[asked]) and some[~asked].isnan().all()
+    got = gemm.matmul(a_q, b_q, "probe_matched", backend="cpu_kernel", **kwargs)
+    assert torch.equal(got.view(torch.int32), reference)
+
+
+def test_the_kernels_exact_outputs_refuse_indices_and_shapes_they_cannot_take():
+    a_q, b_q = _wide_span_operands("ue5m3_b16", 4, 64, 5, False, 6.0, seed=1)
+    args = (a_q.payload, a_q.scales, b_q.payload, b_q.scales)
+    layout = {"block": 16, "column_block": 1, "width": 64, "rtz": True, "grid": None, "alpha": 1.0}
+    with pytest.raises(ValueError, match=r"rows must index \[0, 4\)"):
+        cpu_kernel.probe_exact_outputs(torch.empty(4, 5), *args, rows=torch.tensor([4]), cols=torch.arange(0), **layout)
+    with pytest.raises(ValueError, match=r"cols must index \[0, 5\)"):
+        cpu_kernel.probe_exact_outputs(torch.empty(4, 5), *args, rows=torch.arange(0), cols=torch.tensor([-1]), **layout)
+    with pytest.raises(ValueError, match="out \\[M, N\\]"):
+        cpu_kernel.probe_exact_outputs(torch.empty(5, 4), *args, rows=torch.arange(0), cols=torch.arange(0), **layout)
+
+
+def _exact_probe_matched(pa, sa, pb, sb, *, block, width, rounding, grid, alpha):
+    """The probe-matched output in exact rational arithmetic: each slice's exact sum rounded once to FP32, combined
+    in K order (RTZ or RNE), snapped to the 1/grid lattice, times alpha in FP32."""
+    from fractions import Fraction
+
+    from helpers.rational import fp32, snap
+
+    (m, k), n = pa.shape, pb.shape[1]
+    a = [[Fraction(float(pa[i, kk])) * Fraction(float(sa[i, kk // block])) for kk in range(k)] for i in range(m)]
+    b = [[Fraction(float(pb[kk, j])) * Fraction(float(sb[kk // block, j])) for kk in range(k)] for j in range(n)]
+    out = torch.empty(m, n)
+    for i in range(m):
+        for j in range(n):
+            acc = Fraction(0)
+            for s0 in range(0, k, width):
+                acc = fp32(acc + fp32(sum(a[i][kk] * b[j][kk] for kk in range(s0, s0 + width))), rounding)
+            out[i, j] = float(fp32(snap(acc, grid) * Fraction(alpha)))
+    return out
+
+
+@pytest.mark.parametrize(("rounding", "grid"), [("rtz", None), ("rne", None), ("rtz", 1024)])
+def test_the_kernels_exact_outputs_round_each_slice_sum_once_in_exact_arithmetic(rounding, grid):
+    """Slices whose exact sum lies just off an FP32 tie (the FP64 sum lands on the tie, the rest is in the TwoSum
+    error), and random slices spanning up to about 90 bits: every output is the exact rational reference's."""
+    block, k, n = 16, 128, 3
+    pa, pb = torch.zeros(3, k), torch.zeros(k, n)
+    sa, sb = torch.ones(3, k // block), torch.full((k // block, n), 4.0)  # one product per block: partial = +-sa
+    ties = [  # (A scales of blocks 0-2, signs): 1 + 2^-24 + 2^-90, 1 + 2^-24 - 2^-90, 1 - 2^-25 - 2^-90
+        ([1.0, 2.0**-24, 2.0**-90], [1, 1, 1]),
+        ([1.0, 2.0**-24, 2.0**-90], [1, 1, -1]),
+        ([1.0, 2.0**-25, 2.0**-90], [1, -1, -1]),
+    ]
+    for row, (scales, signs) in enumerate(ties):
+        for blk, (scale, sign) in enumerate(zip(scales, signs, strict=True)):
+            sa[row, blk], pa[row, blk * block] = scale, 0.5 * sign
+    pb[::block] = 0.5
+    g = torch.Generator().manual_seed(7)
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+    def payload(*shape):
+        return values[torch.randint(0, 8, shape, generator=g)] * torch.where(torch.rand(*shape, generator=g) < 0.5, -1, 1)
+
+    def scales(*shape):
+        significand = 1.0 + torch.randint(0, 8, shape, generator=g) / 8.0
+        return torch.ldexp(significand, torch.randint(-22, 22, shape, generator=g))
+
+    pa, sa = torch.cat([pa, payload(6, k)]), torch.cat([sa, scales(6, k // block)])
+    pb, sb = torch.cat([pb, payload(k, 4)], 1), torch.cat([sb, scales(k // block, 4)], 1)
+    m, n = pa.shape[0], pb.shape[1]
+    want = _exact_probe_matched(pa, sa, pb, sb, block=block, width=64, rounding=rounding, grid=grid, alpha=0.75)
+    out = torch.empty(m, n)
+    cpu_kernel.probe_exact_outputs(
+        out, pa, sa, pb, sb, rows=torch.arange(m), cols=torch.arange(0), block=block, column_block=1, width=64,
+        rtz=rounding == "rtz", grid=grid, alpha=0.75,
+    )
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32))
+    assert out[0, 0] == 0.75 * (1 + 2.0**-23) and out[2, 0] == 0.75 * (1 - 2.0**-24) or grid  # the ties, unsnapped

@@ -209,3 +209,14 @@ def test_head_is_fp32_and_chunking_does_not_change_the_result(run):
     # the FP32 head GEMM's blocking depends on the row count, so sums agree to FP32 rounding, not bit for bit
     assert np.allclose(whole.nll_sum, chunked.nll_sum, rtol=1e-7, atol=0)
     assert loaded.head(torch.zeros(3, 128)).dtype == torch.float32
+
+
+def test_an_nll_job_loads_no_pandas():
+    """The evaluate-nll verb's modules leave pandas (about 1 s of import) to load_results, which only the summaries
+    and notebooks call."""
+    import subprocess
+    import sys
+
+    script = "import sys, ue5m3.cli.evaluation, ue5m3.evaluation.nll; print('pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split()[-1] == "False"

@@ -70,9 +70,15 @@ def test_probe_matched_equals_reference_for_other_schemes(scheme):
     assert torch.equal(gemm.matmul(a_q, b_q, "probe_matched"), reference_probe_matched(a_q, b_q))
 
 
-def test_probe_matched_exact_path_handles_huge_exponent_gaps_inside_a_slice(monkeypatch):
+@pytest.mark.parametrize(
+    ("backend", "exact_path"), [("torch", "_block_partials"), ("cpu_kernel", "cpu_kernel.probe_exact_outputs")]
+)
+def test_probe_matched_exact_path_handles_huge_exponent_gaps_inside_a_slice(monkeypatch, backend, exact_path):
     # Blocks of wildly different magnitude in one 64-slice push the products past FP64's 53 bits,
-    # forcing the TwoSum/round-to-odd path; the result must still be the exact-sum rounding.
+    # forcing the TwoSum/round-to-odd path (torch ops, or its C transcription); the result must still be the
+    # exact-sum rounding.
+    if backend == "cpu_kernel" and not gemm.cpu_kernel.available():
+        pytest.skip("no C compiler for the CPU kernel")
     g = torch.Generator().manual_seed(5)
     a = torch.randn(2, 64, generator=g)
     a[:, :16] *= 2.0**10
@@ -83,10 +89,12 @@ def test_probe_matched_exact_path_handles_huge_exponent_gaps_inside_a_slice(monk
     a_q, b_q = quantize(a, "ue5m3_b16"), quantize(b, "ue5m3_b16", axis=0)
     assert int(a_q.zero_rounded_blocks) == 0 and int(a_q.saturated_blocks) == 0
     calls = []
-    original = gemm._block_partials
-    monkeypatch.setattr(gemm, "_block_partials", lambda *args: calls.append(1) or original(*args))
+    owner, _, name = exact_path.rpartition(".")
+    module = gemm.cpu_kernel if owner else gemm
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     for rounding in ("rtz", "rne"):
-        got = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding, final_grid=None)
+        got = gemm.matmul(a_q, b_q, "probe_matched", cross_slice_rounding=rounding, final_grid=None, backend=backend)
         assert torch.equal(got, reference_probe_matched(a_q, b_q, rounding=rounding, grid=None))
     assert calls, "the exact TwoSum path was not exercised"
 

@@ -11,9 +11,12 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas only where the table is built: the evaluation jobs that import this module never build it
+    import pandas as pd
 
 __all__ = ["t_quantile", "order_summary", "percent_vs_bf16", "load_results"]
 
@@ -69,6 +72,8 @@ def load_results(paths: Sequence[str | Path]) -> pd.DataFrame:
     Columns: recipe, seed, step, policy, gemm_output_model, nll, low, high (the bootstrap interval, or the
     range over evaluation orders for the order-dependent replay), orders, checkpoint_sha256.
     """
+    import pandas as pd
+
     rows = []
     for path in map(Path, paths):
         record = json.loads(path.read_text())

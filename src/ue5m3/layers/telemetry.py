@@ -136,11 +136,11 @@ def is_recomputing() -> bool:
 
 def count(counts: torch.Tensor, operand: Operand, q: QuantizedTensor) -> None:
     """Add the block counts of ``q``, quantized for ``operand``, into its row of ``counts`` (on the device)."""
-    row = counts[_ROWS[operand]]
-    if counts.device.type == "cpu":  # read on the host (free there) and added in one op
+    if counts.device.type == "cpu":  # read on the host (free there) and added through a NumPy view: no tensor ops
         blocks = (q.zero_rounded_blocks, q.saturated_blocks, q.underflowed_blocks)
-        row += torch.tensor([*(int(n) for n in blocks), q.scale_values.numel()], dtype=row.dtype)
+        counts.numpy()[_ROWS[operand]] += (*(int(n) for n in blocks), q.scale_values.numel())
         return
+    row = counts[_ROWS[operand]]
     row[0] += q.zero_rounded_blocks
     row[1] += q.saturated_blocks
     row[2] += q.underflowed_blocks

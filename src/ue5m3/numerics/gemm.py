@@ -588,22 +588,22 @@ def _matmul(
         bad_cols = _beyond(_span_max(b_q, "B", block, slice_width, n), 53 - guard - row_budget)
         scale = alpha(a_q, b_q, host=True)
         out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
-        if bad_rows.numel() or bad_cols.numel():
-            ops = _exact_operands(a_q, b_q, block, slice_width)
-            if bad_rows.numel():
-                out[bad_rows] = (
-                    _probe_matched_rows(
-                        _take(ops, bad_rows, None), block, slice_width, cross_slice_rounding, final_grid
-                    )
-                    * scale
-                )
-            if bad_cols.numel():
-                out[:, bad_cols] = (
-                    _probe_matched_rows(
-                        _take(ops, None, bad_cols), block, slice_width, cross_slice_rounding, final_grid
-                    )
-                    * scale
-                )
+        if bad_rows.numel() or bad_cols.numel():  # the torch exact path's arithmetic, in C, on those outputs only
+            cpu_kernel.probe_exact_outputs(
+                out,
+                a_q.payload,
+                a_q.scales,
+                b_q.payload,
+                b_q.scales,
+                rows=bad_rows,
+                cols=bad_cols,
+                block=block,
+                column_block=block if b_q.layout.two_d else 1,
+                width=slice_width,
+                rtz=rtz,
+                grid=final_grid,
+                alpha=float(scale),
+            )
         return out
     scale = alpha(a_q, b_q)
     a2, sa = blocked_along_k(a_q, "A", block)

@@ -32,6 +32,7 @@ __all__ = [
     "quantize_blocks",
     "probe_gemm",
     "probe_gemm_payload",
+    "probe_exact_outputs",
     "pack_e2m1",
     "dead_zone_counts",
     "scale_codes",
@@ -86,6 +87,9 @@ def _library(isa: str) -> ctypes.CDLL | CompileError:
     payload = lib.ue5m3_probe_gemm_payload
     payload.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i32, f32, f32, p, p]
     payload.restype = ctypes.c_int
+    exact = lib.ue5m3_probe_exact_outputs
+    exact.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i32, f32, f32, p, i64, p, i64, p]
+    exact.restype = None
     lib.ue5m3_dead_zone_counts.argtypes = [p, p, p, i64, i64, p]
     lib.ue5m3_dead_zone_counts.restype = None
     lib.ue5m3_scale_codes.argtypes = [p, i64, i32, i32, u32, p]
@@ -386,6 +390,59 @@ def scale_extremes(*scales: torch.Tensor) -> tuple[float, float]:
         largest = max(largest, high)
         smallest = low if smallest == 0.0 else (min(smallest, low) if low > 0 else smallest)
     return largest, smallest
+
+
+def probe_exact_outputs(
+    out: torch.Tensor,
+    payload_a: torch.Tensor,
+    scales_a: torch.Tensor,
+    payload_b: torch.Tensor,
+    scales_b: torch.Tensor,
+    *,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    block: int,
+    column_block: int,
+    width: int,
+    rtz: bool,
+    grid: int | None,
+    alpha: float,
+) -> None:
+    """Overwrite, in ``out`` [M, N], every column of the A ``rows`` and every row of the B ``cols`` with the exact
+    probe-matched outputs (see ``ue5m3_probe_exact_outputs``: the torch path's TwoSum chain and round-to-odd, its
+    bits for any exponent spans). A [M, K] with scales [M, K / block]; B [K, N] with scales [K / block,
+    ceil(N / column_block)] (column_block: 1 for blocks along K, ``block`` for 2D tiles)."""
+    tensors = [t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b)]
+    (m, k), n = tensors[0].shape, tensors[2].shape[1]
+    if tensors[2].shape[0] != k or k % width or width % block or out.shape != (m, n) or tensors[1].shape != (m, k // block):
+        raise ValueError(
+            "probe_exact_outputs needs A [M, K] with scales [M, K / block], B [K, N], out [M, N] and whole slices of "
+            "whole blocks"
+        )
+    if out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError("probe_exact_outputs writes into a contiguous FP32 out")
+    rows, cols = (t.to(torch.int64).contiguous() for t in (rows, cols))
+    for name, index, size in (("rows", rows, m), ("cols", cols, n)):
+        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < size):
+            raise ValueError(f"probe_exact_outputs: {name} must index [0, {size}), got {index.tolist()}")
+    load().ue5m3_probe_exact_outputs(
+        *(t.data_ptr() for t in tensors),
+        m,
+        n,
+        k,
+        block,
+        column_block,
+        tensors[3].shape[1],
+        width,
+        int(rtz),
+        float(grid or 0),
+        float(alpha),
+        rows.data_ptr(),
+        rows.numel(),
+        cols.data_ptr(),
+        cols.numel(),
+        out.data_ptr(),
+    )
 
 
 def has_payload_gemm() -> bool:

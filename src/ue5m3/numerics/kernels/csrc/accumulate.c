@@ -731,3 +731,63 @@ void ue5m3_scale_extremes(const float *scales, int64_t n, float *out) {
     out[0] = largest;
     out[1] = smallest;
 }
+
+/* The exact path of the probe-matched GEMM (gemm._probe_matched_rows, the same FP64 operations in the same order)
+ * for the outputs the span check routes there: every column of the A rows in `rows`, every row of the B columns in
+ * `cols`. Each slice sum is the TwoSum chain over its blocks' partials in K order, each partial the block's integer
+ * dot product of twice the payloads (exact) times A's scale, B's scale and 1/4 in FP64, renormalised and rounded to
+ * FP32 through round-to-odd; slices then combine as in the kernels above and finish() snaps and scales. Where the
+ * torch path sums a slice in FP64 instead (its spans allow it), that sum is exact and so is this chain: the same
+ * FP32 value. pa [M, K] payloads with scales sa [M, K / block]; pb [K, N] with scales sb [K / block, sb_cols], B's
+ * scale of (kk, j) being sb[(kk / block) * sb_cols + j / cb] (cb = 1 for blocks along K, the tile side for 2D). */
+static inline double two_sum(double a, double b, double *err) {
+    double s = a + b, bb = s - a;
+    *err = (a - (s - bb)) + (b - bb);
+    return s;
+}
+
+static inline float round_odd_to_fp32(double hi, double lo) {
+    uint64_t bits;
+    memcpy(&bits, &hi, 8);
+    if (lo != 0.0 && !(bits & 1u)) hi = nextafter(hi, lo > 0.0 ? INFINITY : -INFINITY);
+    return (float)hi;
+}
+
+static float probe_exact_output(const float *pa, const float *sa, const float *pb, const float *sb, int64_t i,
+                                int64_t j, int64_t n, int64_t k, int64_t block, int64_t cb, int64_t sb_cols, int64_t width, int rtz, float grid, float alpha) {
+    float acc = 0.0f;
+    const float *arow = pa + i * k, *srow = sa + i * (k / block);
+    for (int64_t s0 = 0; s0 < k; s0 += width) {
+        double hi = 0.0, lo = 0.0;
+        for (int64_t b0 = s0; b0 < s0 + width; b0 += block) {
+            float dot = 0.0f; /* integers below 2^24: exact in FP32, as the torch path's FP32 bmm */
+            for (int64_t kk = b0; kk < b0 + block; ++kk) dot += (arow[kk] * 2.0f) * (pb[kk * n + j] * 2.0f);
+            const double term = (double)dot * (double)srow[b0 / block] * (double)sb[(b0 / block) * sb_cols + j / cb] * 0.25;
+            if (b0 == s0) {
+                hi = term;
+            } else {
+                double err;
+                hi = two_sum(hi, term, &err);
+                lo = lo + err;
+            }
+        }
+        double err;
+        hi = two_sum(hi, lo, &err);
+        const float p = round_odd_to_fp32(hi, err);
+        acc = rtz ? add_rtz(acc, p) : acc + p;
+    }
+    return finish(acc, grid, alpha);
+}
+
+void ue5m3_probe_exact_outputs(const float *pa, const float *sa, const float *pb, const float *sb, int64_t m,
+                               int64_t n, int64_t k, int64_t block, int64_t cb, int64_t sb_cols, int64_t width, int rtz, float grid, float alpha, const int64_t *rows,
+                               int64_t nrows, const int64_t *cols, int64_t ncols, float *c) {
+#pragma omp parallel for schedule(static) if (nrows * n * k >= (1 << 22))
+    for (int64_t r = 0; r < nrows; ++r)
+        for (int64_t j = 0; j < n; ++j)
+            c[rows[r] * n + j] = probe_exact_output(pa, sa, pb, sb, rows[r], j, n, k, block, cb, sb_cols, width, rtz, grid, alpha);
+#pragma omp parallel for schedule(static) if (ncols * m * k >= (1 << 22))
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t t = 0; t < ncols; ++t)
+            c[i * n + cols[t]] = probe_exact_output(pa, sa, pb, sb, i, cols[t], n, k, block, cb, sb_cols, width, rtz, grid, alpha);
+}
