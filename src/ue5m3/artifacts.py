@@ -230,6 +230,7 @@ def _torch_numerics() -> dict[str, Any] | None:
 _PACKAGE_ROOT = Path(__file__).resolve().parent
 
 
+@functools.cache
 def _module_file(module: str) -> Path | None:
     """The file of ``ue5m3.x.y`` (a module or a package's __init__), None if it is not in the package."""
     parts = module.split(".")[1:]
@@ -254,14 +255,15 @@ def _imported_modules(path: Path) -> frozenset[str]:
     return frozenset(found)
 
 
-def _data_files(directory: Path) -> list[Path]:
+@functools.cache
+def _data_files(directory: Path) -> tuple[Path, ...]:
     """Non-Python files a package directory ships (recipe files, C sources, reference data), in sub-folders that are
-    not packages of their own."""
+    not packages of their own (listed once per process, as every module of the directory asks)."""
     files = [p for p in directory.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")]
     for sub in directory.iterdir():
         if sub.is_dir() and not (sub / "__init__.py").exists() and sub.name != "__pycache__":
             files += [p for p in sub.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    return files
+    return tuple(files)
 
 
 @functools.cache

@@ -479,6 +479,11 @@ def _planned(resource, group):
     def of(wildcards, input):
         name = jobs.plan_job_name(group, wildcards.variant, wildcards.seed)
         sized = plan_stage.job_resources(plan_stage.read_plan(input.plan), name)
+        if not sized:  # a plan made for another configuration (a dry run reads the plan already on disk)
+            raise WorkflowError(
+                f"{name}: {input.plan} has no GPU row for this job: it was planned for another configuration; "
+                f"remake it (snakemake --forcerun plan) before sizing this run"
+            )
         if resource == "slurm_extra":
             return jobs.training_slurm_extra(sized["signal_margin"])
         return sized[resource]
