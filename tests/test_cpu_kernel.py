@@ -400,8 +400,12 @@ def _wide_span_operands(scheme: str, m: int, k: int, n: int, b_two_d: bool, spre
     """Operands whose block magnitudes vary by 2^(spread * N(0, 1)) block by block, so that many slices span more
     than FP64's 53 bits (and, for E8M0 scales at large spreads, more than the TwoSum chain's 106), with zero blocks."""
     g = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=g) * torch.exp2(spread * torch.randn(m, k // 16, generator=g)).repeat_interleave(16, 1)
-    b = torch.randn(k, n, generator=g) * torch.exp2(spread * torch.randn(k // 16, n, generator=g)).repeat_interleave(16, 0)
+    a = torch.randn(m, k, generator=g) * torch.exp2(spread * torch.randn(m, k // 16, generator=g)).repeat_interleave(
+        16, 1
+    )
+    b = torch.randn(k, n, generator=g) * torch.exp2(spread * torch.randn(k // 16, n, generator=g)).repeat_interleave(
+        16, 0
+    )
     a[1, 16:48] = 0.0
     b[:32, 2] = 0.0
     return quantize(a, scheme), quantize(b, scheme, axis=0, two_d=b_two_d)
@@ -427,14 +431,33 @@ def test_the_kernels_exact_outputs_are_the_torch_exact_paths_bits_for_any_span(
     for outputs in every:
         out = torch.full((m, n), float("nan"))
         cpu_kernel.probe_exact_outputs(
-            out, a_q.payload, a_q.scales, b_q.payload, b_q.scales, width=64, rtz=rounding == "rtz", grid=grid,
-            alpha=alpha, **layout, **outputs,
+            out,
+            a_q.payload,
+            a_q.scales,
+            b_q.payload,
+            b_q.scales,
+            width=64,
+            rtz=rounding == "rtz",
+            grid=grid,
+            alpha=alpha,
+            **layout,
+            **outputs,
         )
         assert torch.equal(out.view(torch.int32), reference)
     some = torch.full((m, n), float("nan"))
     cpu_kernel.probe_exact_outputs(
-        some, a_q.payload, a_q.scales, b_q.payload, b_q.scales, rows=torch.tensor([m - 1]), cols=torch.tensor([0]),
-        width=64, rtz=rounding == "rtz", grid=grid, alpha=alpha, **layout,
+        some,
+        a_q.payload,
+        a_q.scales,
+        b_q.payload,
+        b_q.scales,
+        rows=torch.tensor([m - 1]),
+        cols=torch.tensor([0]),
+        width=64,
+        rtz=rounding == "rtz",
+        grid=grid,
+        alpha=alpha,
+        **layout,
     )
     asked = torch.zeros(m, n, dtype=torch.bool)
     asked[m - 1], asked[:, 0] = True, True
@@ -450,7 +473,9 @@ def test_the_kernels_exact_outputs_refuse_indices_and_shapes_they_cannot_take():
     with pytest.raises(ValueError, match=r"rows must index \[0, 4\)"):
         cpu_kernel.probe_exact_outputs(torch.empty(4, 5), *args, rows=torch.tensor([4]), cols=torch.arange(0), **layout)
     with pytest.raises(ValueError, match=r"cols must index \[0, 5\)"):
-        cpu_kernel.probe_exact_outputs(torch.empty(4, 5), *args, rows=torch.arange(0), cols=torch.tensor([-1]), **layout)
+        cpu_kernel.probe_exact_outputs(
+            torch.empty(4, 5), *args, rows=torch.arange(0), cols=torch.tensor([-1]), **layout
+        )
     with pytest.raises(ValueError, match="out \\[M, N\\]"):
         cpu_kernel.probe_exact_outputs(torch.empty(5, 4), *args, rows=torch.arange(0), cols=torch.arange(0), **layout)
 
@@ -495,7 +520,9 @@ def test_the_kernels_exact_outputs_round_each_slice_sum_once_in_exact_arithmetic
     values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
     def payload(*shape):
-        return values[torch.randint(0, 8, shape, generator=g)] * torch.where(torch.rand(*shape, generator=g) < 0.5, -1, 1)
+        return values[torch.randint(0, 8, shape, generator=g)] * torch.where(
+            torch.rand(*shape, generator=g) < 0.5, -1, 1
+        )
 
     def scales(*shape):
         significand = 1.0 + torch.randint(0, 8, shape, generator=g) / 8.0
@@ -507,8 +534,19 @@ def test_the_kernels_exact_outputs_round_each_slice_sum_once_in_exact_arithmetic
     want = _exact_probe_matched(pa, sa, pb, sb, block=block, width=64, rounding=rounding, grid=grid, alpha=0.75)
     out = torch.empty(m, n)
     cpu_kernel.probe_exact_outputs(
-        out, pa, sa, pb, sb, rows=torch.arange(m), cols=torch.arange(0), block=block, column_block=1, width=64,
-        rtz=rounding == "rtz", grid=grid, alpha=0.75,
+        out,
+        pa,
+        sa,
+        pb,
+        sb,
+        rows=torch.arange(m),
+        cols=torch.arange(0),
+        block=block,
+        column_block=1,
+        width=64,
+        rtz=rounding == "rtz",
+        grid=grid,
+        alpha=0.75,
     )
     assert torch.equal(out.view(torch.int32), want.view(torch.int32))
     assert out[0, 0] == 0.75 * (1 + 2.0**-23) and out[2, 0] == 0.75 * (1 - 2.0**-24) or grid  # the ties, unsnapped

@@ -414,7 +414,13 @@ def probe_exact_outputs(
     ceil(N / column_block)] (column_block: 1 for blocks along K, ``block`` for 2D tiles)."""
     tensors = [t.to(torch.float32).contiguous() for t in (payload_a, scales_a, payload_b, scales_b)]
     (m, k), n = tensors[0].shape, tensors[2].shape[1]
-    if tensors[2].shape[0] != k or k % width or width % block or out.shape != (m, n) or tensors[1].shape != (m, k // block):
+    if (
+        tensors[2].shape[0] != k
+        or k % width
+        or width % block
+        or out.shape != (m, n)
+        or tensors[1].shape != (m, k // block)
+    ):
         raise ValueError(
             "probe_exact_outputs needs A [M, K] with scales [M, K / block], B [K, N], out [M, N] and whole slices of "
             "whole blocks"
