@@ -217,16 +217,9 @@ def _block_partials(a2: torch.Tensor, sa: torch.Tensor, b2: torch.Tensor, sb: to
     return sums * scale_a[:, :, None] * scale_b[:, None, :] * 0.25  # exact: <= 13 + 8 bits
 
 
-def _take(
-    ops: dict[str, torch.Tensor], rows: torch.Tensor | None, cols: torch.Tensor | None
-) -> dict[str, torch.Tensor]:
-    """The operands restricted to some output rows (A side) and/or columns (B side)."""
-    out = dict(ops)
-    if rows is not None:
-        out.update({key: ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a")})
-    if cols is not None:
-        out.update({key: ops[key][:, cols] for key in ("b2", "sb", "enc_b", "span_b")})
-    return out
+def _take_rows(ops: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The operands restricted to some output rows (the A side)."""
+    return {**ops, **{key: ops[key][rows] for key in ("a2", "sa", "enc_a", "span_a")}}
 
 
 def _exact_operands(
@@ -234,14 +227,12 @@ def _exact_operands(
     b_q: QuantizedTensor,
     block: int,
     width: int,
-    blocked: tuple | None = None,
-    spans: tuple[torch.Tensor, torch.Tensor] | None = None,
+    blocked: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> dict[str, torch.Tensor]:
-    """Everything the exact probe_matched path reads: integer payloads, per-element scales, FP64 encoded values
-    and the per-row/column slice spans (``blocked`` and ``spans`` pass in what the caller already computed)."""
-    a2, sa, b2, sb = blocked or (*blocked_along_k(a_q, "A", block), *blocked_along_k(b_q, "B", block))
+    """Everything the exact probe_matched path reads: integer payloads and per-element scales (``blocked``, as
+    :func:`blocked_along_k` gives them for A and B), FP64 encoded values and the per-row/column slice spans."""
+    a2, sa, b2, sb = blocked
     n = b2.shape[1]
-    span_a, span_b = spans or (_span_bits(a_q, "A", block, width, n), _span_bits(b_q, "B", block, width, n))
     return {
         "a2": a2,
         "sa": sa,
@@ -249,8 +240,8 @@ def _exact_operands(
         "sb": sb,
         "enc_a": _encoded_fp64(a2, sa),
         "enc_b": _encoded_fp64(b2, sb),
-        "span_a": span_a,
-        "span_b": span_b,
+        "span_a": _span_bits(a_q, "A", block, width, n),
+        "span_b": _span_bits(b_q, "B", block, width, n),
     }
 
 
@@ -622,5 +613,5 @@ def _matmul(
     rows_per_tile = max(1, tile_elements // max(n * slices, 1))
     for r0 in range(0, m, rows_per_tile):
         rows = torch.arange(r0, min(m, r0 + rows_per_tile), device=a2.device)
-        out[rows] = _probe_matched_rows(_take(ops, rows, None), block, slice_width, cross_slice_rounding, final_grid)
+        out[rows] = _probe_matched_rows(_take_rows(ops, rows), block, slice_width, cross_slice_rounding, final_grid)
     return out * scale
