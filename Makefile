@@ -1,6 +1,7 @@
 # Commands:
 #   make reproduce   build .venv if needed, then run the whole pipeline at CPU scale (snakemake --cores 2);
 #                    after an interruption the same command resumes (workflow/reproduce.sh)
+#   make venv        build .venv if needed (every other command does it first)
 #   make test        build .venv if needed, then run the test suite (pytest -q on one pytest-xdist worker per core, at
 #                    most 4; TEST_WORKERS=1 runs it in one process)
 #   make report      the whole pipeline (as make reproduce), then its Snakemake report, $(REPORT) (report.html)
@@ -17,10 +18,14 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 REPORT ?= report.html
+# What make test-cluster runs (.ci/run runs the cluster's module beside make test, then the report's)
+SYSTEM_TESTS ?= system_tests
 # Whole test modules go to the workers, the heaviest first (tests/conftest.py), so a module's fixtures are built once.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
-.PHONY: reproduce report test test-cluster
+.PHONY: venv reproduce report test test-cluster
+
+venv: $(STAMP)
 
 reproduce: $(STAMP)
 	workflow/reproduce.sh --cores 2
@@ -32,7 +37,7 @@ test: $(STAMP)
 	pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-cluster: $(STAMP)
-	pytest -q system_tests
+	pytest -q $(SYSTEM_TESTS)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
