@@ -34,7 +34,7 @@ report: reproduce
 	snakemake --report $(REPORT)
 
 test: $(STAMP)
-	pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 test-cluster: $(STAMP)
 	pytest -q $(SYSTEM_TESTS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every Debian package the system tests use, in one apt transaction: slurm-wlm and munge (cluster/local/up.sh),
 # chromium and its WebDriver (system_tests/install_browser.sh). Each of those installs what it needs when missing;
-# .ci/run runs this first, in the background while `make test` runs, so that `make test-cluster` finds them.
+# .ci/run runs this first, in the background while pip builds the venv, so that the system tests find them.
 # Needs root; without it, or when everything is there, it does nothing.
 set -euo pipefail
 packages=(slurm-wlm munge chromium chromium-driver fonts-dejavu-core)

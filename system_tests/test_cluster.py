@@ -1,7 +1,8 @@
 """System test: the pipeline through `snakemake --profile cluster` on a real SLURM controller on this machine.
 
-`make test-cluster` runs it (after `make test` in .ci/run). cluster/local/up.sh brings up munge, slurmctld and
-slurmd with two partitions and two fake GPUs (installing slurm-wlm and munge with apt on a fresh machine);
+`make test-cluster` runs it (.ci/run: beside `make test`, sharing the cores with its workers). cluster/local/up.sh
+brings up munge, slurmctld and slurmd with two partitions and two fake GPUs (installing slurm-wlm and munge with apt
+on a fresh machine);
 cluster/local/down.sh removes all of it afterwards. The workflow runs with the cluster profile and the local
 overlay (cluster/local/profile, cluster/local/config.yaml) on a CPU-scale slice of the DAG.
 """
