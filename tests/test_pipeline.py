@@ -76,6 +76,32 @@ def test_dry_run_with_the_cluster_profile_and_paper_config_passes():
     assert partitions["ue5m3_b16"] == partitions["bf16"] == "gpu"
 
 
+def test_a_gpu_sized_dry_run_over_a_plan_made_for_another_configuration_names_the_job_and_the_fix(tmp_path):
+    """The paper's training jobs take their time limit and signal margin from the plan on disk; a plan made for the
+    CPU-scale config (CPU rows only) has none for them, and the dry run says which job, which file and what to run,
+    instead of a KeyError from inside the resource function."""
+    import csv
+
+    from ue5m3.plan.run import COLUMNS
+
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    plan_dir = tmp_path / "results" / "plan"
+    plan_dir.mkdir(parents=True)
+    with (plan_dir / "plan.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS, restval="")
+        writer.writeheader()
+        row = {"job": "train_run/main/bf16/seed1", "gpu": "cpu", "run_hours": "0.02", "time_limit_hours": "0"}
+        writer.writerow({**row, "signal_margin_minutes": "0", "retries": "0"})
+    for name in ("plan.md", "plan.json"):
+        (plan_dir / name).write_text("")
+    args = ["-n", "--profile", "cluster", "--configfile", "config/paper.yaml", "--directory", str(tmp_path)]
+    result = _run("snakemake", *args, "--snakefile", str(ROOT / "Snakefile"))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert re.search(r"train_run/main/\w+/seed\d+: results/plan/plan\.csv has no GPU row for this job", output), output
+    assert "snakemake --forcerun plan" in output and "KeyError" not in output, output[-3000:]
+
+
 def _job_counts(stdout: str) -> dict[str, int]:
     """Snakemake's job-stats table of a dry run: jobs per rule."""
     counts = {}
