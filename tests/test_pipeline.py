@@ -6,6 +6,7 @@ the `ue5m3 range-analysis` CLI.
 """
 
 import copy
+import csv
 import os
 import re
 import shutil
@@ -80,8 +81,6 @@ def test_a_gpu_sized_dry_run_over_a_plan_made_for_another_configuration_names_th
     """The paper's training jobs take their time limit and signal margin from the plan on disk; a plan made for the
     CPU-scale config (CPU rows only) has none for them, and the dry run says which job, which file and what to run,
     instead of a KeyError from inside the resource function."""
-    import csv
-
     from ue5m3.plan.run import COLUMNS
 
     shutil.copytree(ROOT / "config", tmp_path / "config")
