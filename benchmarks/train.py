@@ -101,7 +101,8 @@ def _cpu_seconds(args: argparse.Namespace) -> dict:
 def _paired(args: argparse.Namespace) -> None:
     """This checkout against ``args.baseline_src``, alternating processes (see the module docstring)."""
     import os
-    import statistics
+
+    import paired  # benchmarks/paired.py, beside this script
 
     common = ["--model", args.model, "--pattern", args.pattern, "--steps", str(args.steps), "--micro-batch"]
     common += [str(args.micro_batch), "--sequence", str(args.sequence), "--threads", str(args.threads)]
@@ -123,20 +124,7 @@ def _paired(args: argparse.Namespace) -> None:
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout.splitlines()[-1]
                 seconds.append(json.loads(out)["cpu_s"])
             pairs.append(tuple(seconds))
-        ratios = [new / base for base, new in pairs]
-        row = {
-            "recipe": recipe,
-            "baseline_cpu_s": statistics.median(b for b, _ in pairs),
-            "cpu_s": statistics.median(n for _, n in pairs),
-            "ratio": statistics.median(ratios),
-            "ratio_range": [min(ratios), max(ratios)],
-            "pairs": pairs,
-        }
-        rows.append(row)
-        print(
-            f"| {recipe} | {row['baseline_cpu_s']:.2f} | {row['cpu_s']:.2f} | {row['ratio']:.3f} | "
-            f"{min(ratios):.3f}-{max(ratios):.3f} |"
-        )
+        rows.append(paired.summarize(recipe, "recipe", pairs))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"args": vars(args), "rows": rows}, handle, indent=2)

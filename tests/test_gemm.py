@@ -99,6 +99,38 @@ def test_probe_matched_exact_path_handles_huge_exponent_gaps_inside_a_slice(monk
     assert calls, "the exact TwoSum path was not exercised"
 
 
+def test_one_b_operand_in_many_gemms_gives_the_bits_of_a_fresh_one_each_time(monkeypatch):
+    # a cached weight is the same QuantizedTensor in every GEMM of its epoch: what the GEMM derives from it alone
+    # (its scale extremes, the columns its span check sends to the exact path) is formed once and must not leak
+    # from one A operand to the next
+    if not gemm.cpu_kernel.available():
+        pytest.skip("no C compiler for the CPU kernel")
+    exact = []
+    original = gemm.cpu_kernel.probe_exact_outputs
+
+    def recording(out, *args, rows, cols, **kwargs):
+        exact.append((rows.tolist(), cols.tolist()))
+        return original(out, *args, rows=rows, cols=cols, **kwargs)
+
+    monkeypatch.setattr(gemm.cpu_kernel, "probe_exact_outputs", recording)
+    g = torch.Generator().manual_seed(9)
+    b = torch.randn(64, 5, generator=g)
+    b[:16, :2] *= 2.0**-14  # two columns whose slices span too many bits for an FP64 sum: the exact path's
+    b[48:, :2] *= 2.0**10
+    b_q = quantize(b, "ue5m3_b16", axis=0)
+    for spread in (False, True, False, True):  # A rows with and without such slices
+        a = torch.randn(3, 64, generator=g)
+        if spread:
+            a[:2, :16] *= 2.0**10
+            a[:2, 48:] *= 2.0**-14
+        a_q = quantize(a, "ue5m3_b16")
+        exact.clear()
+        got = gemm.matmul(a_q, b_q, "probe_matched")
+        assert exact == [([0, 1] if spread else [], [0, 1])]
+        assert torch.equal(got, gemm.matmul(a_q, quantize(b, "ue5m3_b16", axis=0), "probe_matched"))
+        assert torch.equal(got, reference_probe_matched(a_q, b_q))
+
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("spread", [0.0, 10.0])
 @pytest.mark.parametrize("scheme", ["ue5m3_b16", "nvfp4", "mxfp4"])

@@ -10,8 +10,10 @@ from helpers.recipes import for_8b
 from ue5m3.layers import linear, matmul, recipes, telemetry
 from ue5m3.layers.linear import FP4Matmul, QuantLinear, convert, find_quant_stats, find_scale_state
 from ue5m3.layers.recipes import GemmModel, Operand
+from ue5m3.layers.weight_cache import WeightCache
 from ue5m3.numerics import philox
 from ue5m3.numerics.philox import SRState
+from ue5m3.numerics.quantize import quantize
 
 
 def _layer(recipe_name="ue5m3_b16", name="model.layers.3.mlp.up_proj", in_f=64, out_f=128, seed=0, gemm=None):
@@ -412,6 +414,28 @@ def test_the_weight_is_quantized_once_per_step_and_reused_with_the_same_bits(mod
     assert layer.weight_cache.hits == 2 * 2 * 2
     for got, want in zip(results, reference, strict=True):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("packed", [None, True, False])
+def test_a_cache_hit_gives_the_bits_recomputing_gives_packed_or_not(packed):
+    # on the CPU the cache holds a quantization unpacked by default (packing every miss and unpacking every hit
+    # cost more there than the copy's memory); packed or not, a hit is the quantization itself
+    weight = torch.randn(64, 48, generator=torch.Generator().manual_seed(3))
+    cache = WeightCache(packed=packed)
+
+    def make():
+        return quantize(weight, "ue5m3_b16", two_d=True)
+
+    first, _ = cache.get(Operand.FPROP_WEIGHT, weight, 1, make)
+    second, _ = cache.get(Operand.FPROP_WEIGHT, weight, 1, make)
+    assert (cache.misses, cache.hits) == (1, 1)
+    fresh = make()
+    for field in ("payload_blocks", "scale_values", "decode_scales_blocks", "block_amax", "global_decode_scale"):
+        assert torch.equal(getattr(second, field), getattr(fresh, field)), field
+    # packed: half a byte per element and a byte per scale code (plus a few 0-dim tensors); unpacked: the FP32
+    # payload alone is 4 bytes per element
+    per_element = cache.nbytes / weight.numel()
+    assert per_element < 1 if packed else per_element > 4
 
 
 def test_the_version_cache_sees_in_place_updates_and_data_swaps_within_a_step():

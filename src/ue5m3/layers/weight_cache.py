@@ -17,6 +17,11 @@ linears (7.0 B weights) in ``step`` mode under FSDP2, where every rank holds eve
 one memory-bound pass per weight, GEMM and microbatch (it reads the FP32 payload and writes the FP16 values: about
 6 bytes moved per weight element). Turn it on only where that memory is free, e.g. one process without sharding
 and with several microbatches per step.
+
+On the CPU the cache holds each quantization as it is, unpacked (``packed=None``, the default): the FP4 linears a CPU
+runs are small, and packing every miss and unpacking every hit cost more there than the copy's 4 bytes per weight
+element (an evaluation's work units hit the same frozen weight thousands of times). ``packed=True`` packs on every
+device, ``False`` on none.
 """
 
 from __future__ import annotations
@@ -55,13 +60,21 @@ class WeightCache:
 
     The key is the layer's weight epoch (the scale step), plus the tensor's identity, version and storage in
     ``version`` mode. :attr:`hits` and :attr:`misses` count the lookups. ``keep_prepared``: hold the prepared GEMM
-    operands too (off by default: their memory, in the module's docstring).
+    operands too (off by default: their memory, in the module's docstring). ``packed``: hold the quantizations packed
+    (True), as they are (False), or packed except for CPU weights (None, the default).
     """
 
-    def __init__(self, mode: WeightCaching | str = WeightCaching.VERSION, *, keep_prepared: bool = False) -> None:
+    def __init__(
+        self,
+        mode: WeightCaching | str = WeightCaching.VERSION,
+        *,
+        keep_prepared: bool = False,
+        packed: bool | None = None,
+    ) -> None:
         self.mode = WeightCaching(mode)
         self.keep_prepared = keep_prepared
-        self._entries: dict[Operand, tuple[weakref.ref, tuple, PackedQuantized, object | None]] = {}
+        self.packed = packed
+        self._entries: dict[Operand, tuple[weakref.ref, tuple, PackedQuantized | QuantizedTensor, object | None]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -87,18 +100,32 @@ class WeightCache:
         entry = self._entries.get(operand)
         if entry is not None and entry[1] == key and (self.mode is WeightCaching.STEP or entry[0]() is weight):
             self.hits += 1
-            return entry[2].unpack(kernel=kernel), entry[3]
+            held = entry[2]
+            return (held.unpack(kernel=kernel) if isinstance(held, PackedQuantized) else held), entry[3]
         self.misses += 1
         self._entries.pop(operand, None)  # the stale entry goes before the new one is made (peak memory)
         q = make()
         prepared = prepare(q) if prepare is not None and self.keep_prepared else None
-        self._entries[operand] = (weakref.ref(weight), key, q.pack(kernel=kernel), prepared)
+        packed = weight.device.type != "cpu" if self.packed is None else self.packed
+        self._entries[operand] = (weakref.ref(weight), key, q.pack(kernel=kernel) if packed else q, prepared)
         return q, prepared
 
     @property
     def nbytes(self) -> int:
-        """Bytes the held packed quantizations and prepared operands take."""
-        return sum(entry[2].nbytes + getattr(entry[3], "nbytes", 0) for entry in self._entries.values())
+        """Bytes the held quantizations (packed or not) and prepared operands take."""
+        return sum(_nbytes(entry[2]) + getattr(entry[3], "nbytes", 0) for entry in self._entries.values())
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def _nbytes(held: PackedQuantized | QuantizedTensor) -> int:
+    """Bytes of a held quantization's tensors (each distinct storage once: an unpacked copy's views share some)."""
+    if isinstance(held, PackedQuantized):
+        return held.nbytes
+    storages = {}
+    for value in vars(held).values():
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())

@@ -33,7 +33,9 @@ tests/test_gemm.py checks every model against a scalar reference in exact ration
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +46,8 @@ from ue5m3.numerics.formats import Rounding
 from ue5m3.numerics.kernels import cpu as cpu_kernel
 from ue5m3.numerics.quantized import QuantizedTensor
 from ue5m3.numerics.scale_rules import host_target_f
+
+T = TypeVar("T")
 
 __all__ = [
     "OutputModel",
@@ -184,6 +188,21 @@ def _span_max(q: QuantizedTensor, operand: str, block: int, width: int, n: int) 
         element_max=q.scheme.element.max_finite,
         mbits=q.scheme.scale.mantissa_bits,
     )
+
+
+def _once(q: QuantizedTensor, key: tuple, compute: Callable[..., T]) -> T:
+    """``compute(q, *key[1:])``, a value of ``q``'s tensors alone, formed once per quantized tensor: a cached weight
+    is the same operand in every GEMM of its epoch (an evaluation's thousands of work units), and a quantized
+    tensor's tensors are not written after :func:`~ue5m3.numerics.quantize.quantize` made them."""
+    memo = q.__dict__.setdefault("_gemm_memo", {})  # beside the frozen fields, as functools.cached_property stores
+    if key not in memo:
+        memo[key] = compute(q, *key[1:])
+    return memo[key]
+
+
+def _beyond_budget(q: QuantizedTensor, operand: str, block: int, width: int, n: int, budget: int) -> torch.Tensor:
+    """:func:`_beyond` of ``q``'s slice spans (:func:`_span_max`) as GEMM operand ``operand``."""
+    return _beyond(_span_max(q, operand, block, width, n), budget)
 
 
 def _beyond(spans: torch.Tensor, budget: int) -> torch.Tensor:
@@ -387,7 +406,11 @@ def _probe_kernel(
     """The fused probe_matched GEMM: the FP32 payload kernel where it applies (AVX2, blocks of 16 or 32, scales
     within 2^+-100 and of at most 6 significant bits, so every FP32 product and sub-block sum stays normal and
     exact), else the FP64 encoded one."""
-    largest, smallest = cpu_kernel.scale_extremes(a_q.scale_values, b_q.scale_values)  # positive ones; 0: none
+    # the positive ones (0: none), each operand's read once per quantized tensor
+    largest, smallest = cpu_kernel.combine_extremes(
+        _once(a_q, ("extremes",), lambda q: cpu_kernel.scale_extremes(q.scale_values)),
+        _once(b_q, ("extremes",), lambda q: cpu_kernel.scale_extremes(q.scale_values)),
+    )
     in_range = largest <= 2.0**100 and (smallest == 0.0 or smallest >= 2.0**-100)
     narrow = max(a_q.scheme.scale.mantissa_bits, b_q.scheme.scale.mantissa_bits) <= 5
     if cpu_kernel.has_payload_gemm() and block % 16 == 0 and not a_q.layout.two_d and in_range and narrow:
@@ -575,8 +598,8 @@ def _matmul(
         # Fused slice-wise GEMM of the FP32 encoded operands (bit-identical to the torch path where FP64 slice
         # sums are exact, checked per block); outputs touching an inexact slice go through the exact path.
         # the per-block span check in one C pass per operand (the largest slice span of each row and column)
-        bad_rows = _beyond(_span_max(a_q, "A", block, slice_width, n), row_budget)
-        bad_cols = _beyond(_span_max(b_q, "B", block, slice_width, n), 53 - guard - row_budget)
+        bad_rows = _once(a_q, ("beyond", "A", block, slice_width, n, row_budget), _beyond_budget)
+        bad_cols = _once(b_q, ("beyond", "B", block, slice_width, n, 53 - guard - row_budget), _beyond_budget)
         scale = alpha(a_q, b_q, host=True)
         out = _probe_kernel(a_q, b_q, block, slice_width, rtz, final_grid, scale)
         if bad_rows.numel() or bad_cols.numel():  # the torch exact path's arithmetic, in C, on those outputs only

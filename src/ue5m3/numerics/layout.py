@@ -14,6 +14,7 @@ draw the same bits as the torch reference whatever order they visit the blocks i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -104,19 +105,37 @@ class BlockLayout:
         length, inner stride, outer stride): element p of a block sits at
         base + (p // inner length) * outer stride + (p % inner length) * inner stride."""
         base, strides = (index or philox.ElementIndex()).strides(tuple(self.shape), name)
-        b = self.block_size
+        device = torch.device(device) if device is not None else None
+        # on the CPU, made once per layout and index (every stochastically rounded operand of a training step asks
+        # for the same ones, step after step); an accelerator's are made per call, holding no device memory
+        make = _cpu_block_bases if device is not None and device.type == "cpu" else _block_bases
+        return make(self, base, tuple(strides), device), *self._inner(strides)
+
+    def _inner(self, strides: tuple[int, ...]) -> tuple[int, int, int]:
+        """(inner length, inner stride, outer stride) of :meth:`block_indices`."""
         if self.two_d:
-            rows, cols = self.padded
-            r = torch.arange(rows // b, dtype=torch.int64, device=device)[:, None] * (b * strides[0])
-            c = torch.arange(cols // b, dtype=torch.int64, device=device)[None, :] * (b * strides[1])
-            return (base + r + c).reshape(-1), b, strides[1], strides[0]
-        dims = [d for d in range(len(self.shape)) if d != self.axis]
-        first = torch.full(
-            [self.padded[d] for d in dims] + [self.padded[self.axis] // b], base, dtype=torch.int64, device=device
-        )
-        for position, d in enumerate([*dims, self.axis]):
-            step = strides[d] * (b if d == self.axis else 1)
-            view = [1] * first.ndim
-            view[position] = first.shape[position]
-            first = first + torch.arange(first.shape[position], dtype=torch.int64, device=device).reshape(view) * step
-        return first.reshape(-1), b, strides[self.axis], 0
+            return self.block_size, strides[1], strides[0]
+        return self.block_size, strides[self.axis], 0
+
+
+def _block_bases(layout: BlockLayout, base: int, strides: tuple[int, ...], device: torch.device | None) -> torch.Tensor:
+    """The first global index of each block of ``layout`` (int64 [n_blocks]); the kernels only read it."""
+    b = layout.block_size
+    if layout.two_d:
+        rows, cols = layout.padded
+        r = torch.arange(rows // b, dtype=torch.int64, device=device)[:, None] * (b * strides[0])
+        c = torch.arange(cols // b, dtype=torch.int64, device=device)[None, :] * (b * strides[1])
+        return (base + r + c).reshape(-1)
+    dims = [d for d in range(len(layout.shape)) if d != layout.axis]
+    first = torch.full(
+        [layout.padded[d] for d in dims] + [layout.padded[layout.axis] // b], base, dtype=torch.int64, device=device
+    )
+    for position, d in enumerate([*dims, layout.axis]):
+        step = strides[d] * (b if d == layout.axis else 1)
+        view = [1] * first.ndim
+        view[position] = first.shape[position]
+        first = first + torch.arange(first.shape[position], dtype=torch.int64, device=device).reshape(view) * step
+    return first.reshape(-1)
+
+
+_cpu_block_bases = functools.lru_cache(maxsize=256)(_block_bases)

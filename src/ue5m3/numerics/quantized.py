@@ -20,6 +20,7 @@ are the same nibble packing for plain code tensors.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +76,9 @@ class QuantizedTensor:
         lost = (self.block_amax.squeeze(-1) > 0) & (scale > 0) & all_zero
         return lost.sum()
 
-    @property
+    # payload and scales are views of the block tensors, formed once per object (a GEMM reads each several times,
+    # and a cached weight's in every call); the views share the blocks' storage
+    @functools.cached_property
     def payload(self) -> torch.Tensor:
         """Element values in the element format (e.g. E2M1 values), shaped like the input."""
         return self.layout.from_blocks(self.payload_blocks)
@@ -85,7 +88,7 @@ class QuantizedTensor:
         """Element codes (uint8), shaped like the input."""
         return formats.codes_of_values(self.payload, self.scheme.element).to(torch.uint8)
 
-    @property
+    @functools.cached_property
     def scales(self) -> torch.Tensor:
         """Block-scale values as the scale format holds them, before any tensor scale."""
         return self.layout.scales_from_blocks(self.scale_values)

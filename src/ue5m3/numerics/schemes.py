@@ -132,6 +132,8 @@ class BlockScheme:
             raise ValueError(f"scheme {self.name!r}: rule {self.scale_rule.value!r} takes no selection")
 
     def with_target(self, target: float) -> BlockScheme:
+        if isinstance(target, float) and target == self.target:  # every FP4 operand's call: no new scheme to check
+            return self
         return dataclasses.replace(self, target=target)
 
     @property

@@ -40,6 +40,7 @@ __all__ = [
     "unpack_e2m1",
     "slice_span_max",
     "scale_extremes",
+    "combine_extremes",
     "has_payload_gemm",
     "gemm_vector_bits",
     "CompileError",
@@ -253,7 +254,8 @@ def quantize_blocks(
     if rule == "four_over_six" and length not in (16, 256):
         raise ValueError(f"the CPU kernel's 4/6 rule takes blocks of 16 or 256 elements, got {length}")
     payload = torch.empty(nblocks, length, dtype=torch.float32)
-    per_block = {k: torch.empty(nblocks, dtype=torch.float32) for k in ("block_amax", "scales", "decode")}
+    per_block = torch.empty(3, nblocks, dtype=torch.float32).unbind()  # one allocation for the three
+    per_block = dict(zip(("block_amax", "scales", "decode"), per_block, strict=True))
     flags = torch.empty(nblocks, dtype=torch.uint8)
     if random_bits is not None:
         random_bits = random_bits.to(torch.int64).contiguous()
@@ -301,10 +303,10 @@ def quantize_blocks(
     )
     # the blocks per flag (bit 0 zero-rounded, 1 saturated, 2 underflowed) from one histogram of the flag bytes
     per_value = torch.bincount(flags, minlength=8).tolist() if nblocks else [0] * 8
-    counts = {
-        key: torch.tensor(sum(n for value, n in enumerate(per_value) if value >> bit & 1), dtype=torch.int64)
-        for bit, key in enumerate(("zero_rounded_blocks", "saturated_blocks", "lost_blocks"))
-    }
+    totals = [sum(n for value, n in enumerate(per_value) if value >> bit & 1) for bit in range(3)]
+    counts = dict(
+        zip(("zero_rounded_blocks", "saturated_blocks", "lost_blocks"), torch.tensor(totals).unbind(), strict=True)
+    )
     return {"payload": payload, "flags": flags, **counts, **per_block}
 
 
@@ -379,14 +381,22 @@ def slice_span_max(
 def scale_extremes(*scales: torch.Tensor) -> tuple[float, float]:
     """The largest and the smallest positive value over FP32 block-scale tensors ((0, 0) where none is
     positive), read in one pass each."""
-    largest, smallest = 0.0, 0.0
     out = torch.empty(2, dtype=torch.float32)
+    extremes = []
     for s in scales:
         if s.dtype != torch.float32 or s.device.type != "cpu":
             raise ValueError("scale_extremes takes FP32 CPU scales")
         s = s.contiguous()
         load().ue5m3_scale_extremes(s.data_ptr(), s.numel(), out.data_ptr())
-        high, low = out.tolist()
+        extremes.append(tuple(out.tolist()))
+    return combine_extremes(*extremes)
+
+
+def combine_extremes(*extremes: tuple[float, float]) -> tuple[float, float]:
+    """The (largest, smallest positive) over several :func:`scale_extremes` results ((0, 0) where none is
+    positive)."""
+    largest, smallest = 0.0, 0.0
+    for high, low in extremes:
         largest = max(largest, high)
         smallest = low if smallest == 0.0 else (min(smallest, low) if low > 0 else smallest)
     return largest, smallest
