@@ -28,10 +28,12 @@ def test_block_indices_read_every_cell_s_global_index(shape, axis, two_d, index)
     assert torch.equal(got.reshape(-1, got.shape[-1]), layout.to_blocks(expected).reshape(-1, got.shape[-1]))
 
 
-def test_the_cpu_s_block_indices_are_made_once_per_layout_and_index():
+def test_reused_block_indices_are_made_once_per_layout_and_index_on_the_cpu():
     # every stochastically rounded operand of a training step asks for the same ones, step after step
     layout = BlockLayout.of(torch.empty(64, 32), 16, 0, False, "x")
-    first = layout.block_indices(None, "x", "cpu")[0]
-    assert layout.block_indices(None, "x", torch.device("cpu"))[0] is first
-    other = layout.block_indices(ElementIndex(global_shape=(128, 32), offset=(64, 0)), "x", "cpu")[0]
+    first = layout.block_indices(None, "x", "cpu", reuse=True)[0]
+    assert layout.block_indices(None, "x", torch.device("cpu"), reuse=True)[0] is first
+    fresh = layout.block_indices(None, "x", "cpu")[0]  # without reuse (the Triton path's CPU run): made per call
+    assert fresh is not first and torch.equal(fresh, first)
+    other = layout.block_indices(ElementIndex(global_shape=(128, 32), offset=(64, 0)), "x", "cpu", reuse=True)[0]
     assert other is not first and torch.equal(other, first + 64 * 32)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ue5m3 import config as config_loader
+from ue5m3.layers.linear import QuantLinear
 from ue5m3.plan import cost, memory
 from ue5m3.plan import run as plan
 from ue5m3.plan.gpus import gpu_type
@@ -31,6 +32,9 @@ def _cfg(recipe: str = "ue5m3_b16", model: str = "nemotron_h_debug", **settings)
 def _cpu_step(cfg: TrainConfig, sequence_length: int) -> memory.StepCounts:
     """The step training_memory runs on meta, run for real on the CPU (the trainer's build, real weights)."""
     model, _ = build_model(cfg, cfg.resolved_recipe(), torch.device("cpu"))
+    for module in model.modules():  # the weights' quantizations held packed, as on the GPU the plan is for
+        if isinstance(module, QuantLinear):
+            module.weight_cache.packed = True
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     tokens = torch.randint(0, vocab, (cfg.micro_batch, sequence_length + 1), generator=generator)

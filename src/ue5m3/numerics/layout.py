@@ -99,16 +99,23 @@ class BlockLayout:
         return t.squeeze(-1).movedim(-1, self.axis)
 
     def block_indices(
-        self, index: philox.ElementIndex | None, name: str, device: torch.device | str | None = None
+        self,
+        index: philox.ElementIndex | None,
+        name: str,
+        device: torch.device | str | None = None,
+        *,
+        reuse: bool = False,
     ) -> tuple[torch.Tensor, int, int, int]:
         """Global element indices of the block view, as (first index of each block [n_blocks] int64, inner
         length, inner stride, outer stride): element p of a block sits at
-        base + (p // inner length) * outer stride + (p % inner length) * inner stride."""
+        base + (p // inner length) * outer stride + (p % inner length) * inner stride.
+
+        With ``reuse``, a CPU tensor of first indices is made once per layout and index and shared (every
+        stochastically rounded operand of a training step asks for the same ones, step after step): the caller only
+        reads it. An accelerator's are made per call, holding no device memory."""
         base, strides = (index or philox.ElementIndex()).strides(tuple(self.shape), name)
         device = torch.device(device) if device is not None else None
-        # on the CPU, made once per layout and index (every stochastically rounded operand of a training step asks
-        # for the same ones, step after step); an accelerator's are made per call, holding no device memory
-        make = _cpu_block_bases if device is not None and device.type == "cpu" else _block_bases
+        make = _cpu_block_bases if reuse and device is not None and device.type == "cpu" else _block_bases
         return make(self, base, tuple(strides), device), *self._inner(strides)
 
     def _inner(self, strides: tuple[int, ...]) -> tuple[int, int, int]:

@@ -103,10 +103,16 @@ def quantize_on_kernel(
         per_tensor=per_tensor,
         rounding=call.rounding.value,
         random_bits=flat_bits,
-        philox=None if stream is None else (stream, *layout.block_indices(call.index, call.name, flat.device)),
+        philox=None if stream is None else (stream, *_block_indices(layout, call, flat.device, kernel)),
         **_selection_arguments(call.scheme, call.tensor_amax, on_host=kernel != "triton"),
     )
     return _from_kernel(out, call, factors, blocks.shape)
+
+
+def _block_indices(layout: BlockLayout, call: KernelCall, device: torch.device, kernel: str) -> tuple:
+    """The block view's global indices; the C kernel's are shared between calls (the Triton path's CPU run under the
+    interpreter stands for a device's, which makes them per call)."""
+    return layout.block_indices(call.index, call.name, device, reuse=kernel != "triton")
 
 
 def _scalar(value: float) -> torch.Tensor:

@@ -254,8 +254,8 @@ def quantize_blocks(
     if rule == "four_over_six" and length not in (16, 256):
         raise ValueError(f"the CPU kernel's 4/6 rule takes blocks of 16 or 256 elements, got {length}")
     payload = torch.empty(nblocks, length, dtype=torch.float32)
-    per_block = torch.empty(3, nblocks, dtype=torch.float32).unbind()  # one allocation for the three
-    per_block = dict(zip(("block_amax", "scales", "decode"), per_block, strict=True))
+    # each its own storage: a packed copy keeps the block maxima, and only them, alive
+    per_block = {k: torch.empty(nblocks, dtype=torch.float32) for k in ("block_amax", "scales", "decode")}
     flags = torch.empty(nblocks, dtype=torch.uint8)
     if random_bits is not None:
         random_bits = random_bits.to(torch.int64).contiguous()
@@ -303,10 +303,10 @@ def quantize_blocks(
     )
     # the blocks per flag (bit 0 zero-rounded, 1 saturated, 2 underflowed) from one histogram of the flag bytes
     per_value = torch.bincount(flags, minlength=8).tolist() if nblocks else [0] * 8
-    totals = [sum(n for value, n in enumerate(per_value) if value >> bit & 1) for bit in range(3)]
-    counts = dict(
-        zip(("zero_rounded_blocks", "saturated_blocks", "lost_blocks"), torch.tensor(totals).unbind(), strict=True)
-    )
+    counts = {
+        key: torch.tensor(sum(n for value, n in enumerate(per_value) if value >> bit & 1), dtype=torch.int64)
+        for bit, key in enumerate(("zero_rounded_blocks", "saturated_blocks", "lost_blocks"))
+    }
     return {"payload": payload, "flags": flags, **counts, **per_block}
 
 
