@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -87,13 +86,9 @@ def _case(args: argparse.Namespace) -> None:
 def _paired(args: argparse.Namespace) -> None:
     """This checkout against ``args.baseline_src``, alternating processes (see the module docstring)."""
     torch.set_num_threads(args.threads)
-    base_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [args.baseline_src, os.environ.get("PYTHONPATH")])),
-    }
-    print(f"this checkout against {args.baseline_src}: {args.pairs} alternating pairs, CPU ms per work unit")
-    print("| policy | baseline ms (median) | this ms (median) | this / baseline (median of pairs) | range |")
-    print("|---|---:|---:|---:|---|")
+    base_env = paired.baseline_env(args.baseline_src)
+    title = f"this checkout against {args.baseline_src}: {args.pairs} alternating pairs, CPU ms per work unit"
+    paired.print_header(title, "policy", "ms")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         vocab = _train_one_step(args, tmp)

@@ -4,7 +4,21 @@ with their range, since this machine's speed drifts by 20-40% within minutes."""
 
 from __future__ import annotations
 
+import os
 import statistics
+
+
+def baseline_env(baseline_src: str) -> dict:
+    """The environment of a baseline process: ``baseline_src`` first on ``PYTHONPATH``."""
+    path = os.pathsep.join(filter(None, [baseline_src, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def print_header(title: str, key: str, unit: str) -> None:
+    """The title line and the Markdown table header that :func:`summarize`'s rows continue."""
+    print(title)
+    print(f"| {key} | baseline {unit} (median) | this {unit} (median) | this / baseline (median of pairs) | range |")
+    print("|---|---:|---:|---:|---|")
 
 
 def summarize(name: str, key: str, pairs: list[tuple[float, float]], *, digits: int = 2) -> dict:

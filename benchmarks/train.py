@@ -100,20 +100,14 @@ def _cpu_seconds(args: argparse.Namespace) -> dict:
 
 def _paired(args: argparse.Namespace) -> None:
     """This checkout against ``args.baseline_src``, alternating processes (see the module docstring)."""
-    import os
-
     import paired  # benchmarks/paired.py, beside this script
 
     common = ["--model", args.model, "--pattern", args.pattern, "--steps", str(args.steps), "--micro-batch"]
     common += [str(args.micro_batch), "--sequence", str(args.sequence), "--threads", str(args.threads)]
     common += ["--log-every", str(args.log_every), "--cpu-time"]
-    base_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [args.baseline_src, os.environ.get("PYTHONPATH")])),
-    }
-    print(f"this checkout against {args.baseline_src}: {args.pairs} alternating pairs, CPU s of {args.steps} steps")
-    print("| recipe | baseline CPU s (median) | this CPU s (median) | this / baseline (median of pairs) | range |")
-    print("|---|---:|---:|---:|---|")
+    base_env = paired.baseline_env(args.baseline_src)
+    title = f"this checkout against {args.baseline_src}: {args.pairs} alternating pairs, CPU s of {args.steps} steps"
+    paired.print_header(title, "recipe", "CPU s")
     rows = []
     for recipe in args.recipes:
         pairs = []
